@@ -1,0 +1,31 @@
+"""Folio's paged-attention inference engine.
+
+Public names are imported lazily so that `folio --help` and the digest function do not pay
+for importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from folio.engine.llm import LLM
+    from folio.engine.outputs import CompletionOutput, RequestOutput
+    from folio.engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+
+_LAZY = {
+    "LLM": "folio.engine.llm",
+    "SamplingParams": "folio.engine.sampling_params",
+    "RequestOutput": "folio.engine.outputs",
+    "CompletionOutput": "folio.engine.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'folio.engine' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from folio.operator.cli import main
+
+sys.exit(main())

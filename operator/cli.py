@@ -1,0 +1,65 @@
+"""The `folio` command line.
+
+Each subcommand lives in the module that owns it; this file only routes. A command module
+exposes `add_arguments(parser)` and `main(args) -> int` and keeps heavy imports (torch,
+kopf, uvicorn) inside `main`, so `folio --help` and argument errors stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("folio.engine.serve_cli", "run one engine replica (OpenAI-compatible server)"),
+    "router": ("folio.operator.router.cli", "run the traffic router for one InferenceService"),
+    "operator": ("folio.operator.controller", "run the Kubernetes operator (kopf)"),
+    "crd": ("folio.operator.crd", "print the CRD YAML generated from the spec model"),
+    "up": ("folio.operator.local.cli_up", "run an InferenceService on this machine"),
+    "apply": ("folio.operator.local.cli_apply", "change a running local InferenceService"),
+    "status": ("folio.operator.local.cli_status", "show InferenceService status (local or cluster)"),
+    "promote": ("folio.operator.local.cli_promote", "promote the running canary now"),
+    "abort": ("folio.operator.local.cli_abort", "abort the running canary (back to 100% stable)"),
+    "retry": ("folio.operator.local.cli_retry", "retry a failed revision"),
+    "digest": ("folio.engine.digest", "print the sha256 content digest of a weight file or folder"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="folio",
+        description="Folio: LLM inference on Kubernetes with pinned revisions and canary rollouts.",
+    )
+    parser.add_argument("--version", action="version", version=f"folio {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_main=module.main)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("folio")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with usage on bad input
+    try:
+        return int(args._main(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Placeholder until its issue lands."""
+
+from folio.operator.placeholder import add_arguments, main
+
+__all__ = ["add_arguments", "main"]

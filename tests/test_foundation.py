@@ -70,3 +70,21 @@ def test_cli_is_quick_to_start() -> None:
         capture_output=True, text=True, check=True, cwd=ROOT,
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_wheel_maps_folders_into_the_folio_namespace(tmp_path: Path) -> None:
+    # `pip install .` (not editable) must ship folio/operator, folio/engine, folio/kernels and nothing at top level
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True,
+    )
+    wheel = next(tmp_path.glob("folio-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for required in ("folio/operator/cli.py", "folio/operator/spec.py", "folio/engine/digest.py", "folio/kernels/__init__.py"):
+        assert required in names
+    assert not any(n.startswith(("operator/", "engine/", "kernels/", "tests/")) for n in names)
+    assert not any(n == "folio/operator/__init__.py" or n == "folio/__init__.py" for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "folio = folio.operator.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,0 +1,102 @@
+"""The InferenceService model: defaults, pinning rules and revision identity."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from folio.operator.spec import InferenceService, InferenceServiceSpec, parse_duration, revision_name
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _spec(**overrides: object) -> InferenceServiceSpec:
+    data: dict = {"model": {"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct", "revision": SHA}}
+    data.update(overrides)
+    return InferenceServiceSpec.model_validate(data)
+
+
+def test_defaults_round_trip_in_camel_case() -> None:
+    spec = _spec()
+    wire = spec.to_wire()
+    assert wire["replicas"] == 1
+    assert wire["rollout"]["analysis"]["maxErrorRate"] == 0.01
+    assert [s["weight"] for s in wire["rollout"]["steps"]] == [5, 25, 50]
+    assert wire["engine"]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert InferenceServiceSpec.model_validate(wire) == spec
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"source": "hf://org/m", "revision": "main"}, "40-character"),
+        ({"source": "hf://org/m"}, "40-character"),
+        ({"source": "hf://org/m", "revision": SHA.upper()}, "40-character"),
+        ({"source": "pvc://claim/path"}, "need model.digest"),
+        ({"source": "file:///models/x"}, "need model.digest"),
+        ({"source": "s3://bucket/x", "digest": DIGEST}, "pattern"),
+        ({"source": "file:///x", "digest": "sha256:abc"}, "pattern"),
+    ],
+)
+def test_unpinned_models_are_refused(model: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        InferenceServiceSpec.model_validate({"model": model})
+
+
+def test_pinned_sources_are_accepted() -> None:
+    assert _spec(model={"source": "pvc://weights/smollm2", "digest": DIGEST}).model.scheme == "pvc"
+    assert _spec(model={"source": "file:///tmp/m.gguf", "digest": DIGEST}).model.digest == DIGEST
+
+
+@pytest.mark.parametrize("weights", [[5, 5], [50, 25], [0, 10], [10, 100]])
+def test_step_weights_must_strictly_increase_within_1_99(weights: list[int]) -> None:
+    with pytest.raises(ValidationError):
+        _spec(rollout={"steps": [{"weight": w, "pause": "1s"} for w in weights]})
+
+
+def test_negative_replicas_and_unknown_fields_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        _spec(replicas=-1)
+    with pytest.raises(ValidationError, match="replica"):
+        _spec(replica=2)
+
+
+def test_durations() -> None:
+    assert parse_duration("30s") == 30
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("500ms") == 0.5
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration("5 minutes")
+    with pytest.raises(ValidationError):
+        _spec(rollout={"analysis": {"interval": "soon"}})
+
+
+def test_revision_identity_ignores_replicas_and_rollout() -> None:
+    base = _spec()
+    assert revision_name(base) == revision_name(_spec(replicas=5, rollout={"steps": [{"weight": 50}]}))
+    assert revision_name(base) != revision_name(_spec(engine={"args": {"maxModelLen": 1024}}))
+    assert revision_name(base) != revision_name(_spec(engine={"image": "other:1"}))
+    other_sha = _spec(model={"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct", "revision": "f" * 40})
+    assert revision_name(base) != revision_name(other_sha)
+    assert len(revision_name(base)) == 10
+
+
+def test_whole_object_parses_from_yaml() -> None:
+    import yaml
+
+    doc = yaml.safe_load(
+        f"""
+apiVersion: serving.folio.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: chat}}
+spec:
+  model: {{source: "hf://HuggingFaceTB/SmolLM2-135M-Instruct", revision: "{SHA}", servedName: smollm2}}
+  replicas: 2
+  engine: {{args: {{maxModelLen: 4096, enablePrefixCaching: true}}}}
+"""
+    )
+    isvc = InferenceService.model_validate(doc)
+    assert isvc.name == "chat"
+    assert isvc.spec.model.served_name == "smollm2"
+    assert isvc.spec.engine.args == {"maxModelLen": 4096, "enablePrefixCaching": True}

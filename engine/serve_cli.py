@@ -1,15 +1,140 @@
-"""Placeholder until the engine server issue lands."""
+"""`folio serve`: one engine replica behind an OpenAI-compatible HTTP API.
+
+Engine flags follow vLLM's names. Heavy imports (torch, uvicorn, FastAPI) happen inside `main`, so
+`folio --help` stays instant.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("--model", required=True, help="a Hugging Face style folder or a .gguf file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
+    parser.add_argument("--revision", help="the pinned model revision, shown in the /v1/models card")
+    parser.add_argument("--digest", help="sha256:… content digest the weights must match before serving")
+
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    eng.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    eng.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    kv = eng.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-memory-gib", type=float, help="KV-cache budget in GiB")
+    kv.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="GPU memory share (default: 0.9)"
+    )
+    eng.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a batch at most")
+    eng.add_argument("--max-num-batched-tokens", type=int, help="tokens per scheduler step at most")
+    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    eng.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    eng.add_argument(
+        "--enforce-eager", action=argparse.BooleanOptionalAction, default=False, help="no CUDA graphs"
+    )
+    eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+
+    srv = parser.add_argument_group("server")
+    srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
+    srv.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="answer 503 + Retry-After once this many sequences wait for the engine",
+    )
+    srv.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)",
+    )
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    faults = parser.add_argument_group("fault injection (test aids, off by default)")
+    faults.add_argument(
+        "--fault-error-rate", type=float, default=0.0, help="answer this fraction of API requests with a 500"
+    )
+    faults.add_argument("--fault-latency-ms", type=float, default=0.0, help="delay each API request by N ms")
 
 
 def main(args: argparse.Namespace) -> int:
-    print("folio serve: not implemented yet", file=sys.stderr)
-    return 2
+    import uvicorn
+
+    from folio.engine.config import EngineConfig
+    from folio.engine.server.app import build_app
+    from folio.engine.server.gateway import Faults
+    from folio.engine.server.lifecycle import DrainingServer
+    from folio.engine.server.serving import ServingConfig
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for name, value, minimum in (
+        ("--max-n", args.max_n, 1),
+        ("--max-queued-requests", args.max_queued_requests, 1),
+    ):
+        if value < minimum:
+            print(f"folio serve: {name} must be >= {minimum}, got {value}", file=sys.stderr)
+            return 2
+    if args.shutdown_timeout < 0:
+        print(f"folio serve: --shutdown-timeout must be >= 0, got {args.shutdown_timeout}", file=sys.stderr)
+        return 2
+    try:
+        faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms)
+        config = EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            kv_cache_memory_gib=args.kv_cache_memory_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=args.enable_prefix_caching,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            digest=args.digest,
+            seed=args.seed,
+            enforce_eager=args.enforce_eager,
+            tokenizer=args.tokenizer,
+        )
+    except ValueError as exc:
+        print(f"folio serve: {exc}", file=sys.stderr)
+        return 2
+
+    from folio.engine.llm_engine import LLMEngine
+
+    try:
+        engine = LLMEngine(config)  # verifies the digest, loads the weights, sizes the KV cache
+    except (OSError, ValueError) as exc:
+        print(f"folio serve: cannot load {args.model}: {exc}", file=sys.stderr)
+        return 1
+
+    served = ServingConfig(
+        served_model_name=args.served_model_name or args.model,
+        model_path=args.model,
+        max_model_len=engine.model_config.max_model_len,
+        max_n=args.max_n,
+        max_queued_requests=args.max_queued_requests,
+        revision=args.revision,
+        digest=args.digest,
+    )
+    app = build_app(engine, served, faults)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
+        timeout_graceful_shutdown=5,
+    )
+    server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
+    server.run()
+    if not server.started:
+        return 1  # e.g. the port was taken (uvicorn logged why)
+    return 0

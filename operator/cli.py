@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `folio status -o json | head` closed our stdout: not an error. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

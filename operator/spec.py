@@ -169,12 +169,15 @@ class AnalysisSpec(Model):
         return parse_duration(self.interval)
 
 
+MAX_ROLLOUT_STEPS = 10  # bounded so the API server can cost the CRD's CEL rules
+
+
 def _default_steps() -> list[RolloutStep]:
     return [RolloutStep(weight=5, pause="2m"), RolloutStep(weight=25, pause="5m"), RolloutStep(weight=50, pause="5m")]
 
 
 class RolloutSpec(Model):
-    steps: list[RolloutStep] = Field(default_factory=_default_steps)
+    steps: list[RolloutStep] = Field(default_factory=_default_steps, max_length=MAX_ROLLOUT_STEPS)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
     drain_period: Duration = Field(
         default="30s",

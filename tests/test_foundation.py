@@ -88,3 +88,10 @@ def test_wheel_maps_folders_into_the_folio_namespace(tmp_path: Path) -> None:
     assert not any(n == "folio/operator/__init__.py" or n == "folio/__init__.py" for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "folio = folio.operator.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_closed_stdout_pipe_is_not_a_traceback(folio_bin: str) -> None:
+    # `folio ... | head` closes the pipe early; the command must end quietly
+    proc = subprocess.run(f"'{folio_bin}' --help | head -c 10 >/dev/null; exit ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=ROOT)
+    assert "Traceback" not in proc.stderr

@@ -1,5 +1,50 @@
-"""Placeholder until its issue lands."""
+"""`folio status [NAME] [-o json]`: the status table (or the `status` object) of a local or cluster service."""
 
-from folio.operator.placeholder import add_arguments, main
+from __future__ import annotations
 
-__all__ = ["add_arguments", "main"]
+import argparse
+import json
+
+from folio.operator.local.common import add_target_arguments, fail, resolve_target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser, name_required=False)
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from folio.operator.local.client import ControlError
+    from folio.operator.local.kube import ClusterError, get, list_all
+    from folio.operator.local.render import status_table
+    from folio.operator.spec import InferenceServiceStatus
+
+    console = Console()
+    try:
+        target = resolve_target(args)
+        if target.client is not None:
+            snap = target.client.status()
+            if args.name and snap["name"] != args.name:
+                return fail(
+                    "status",
+                    f"the local `folio up` runs {snap['name']!r}, not {args.name!r} (--kubernetes for a cluster)",
+                )
+            items = [(snap["name"], snap["status"], snap["processes"])]
+        else:
+            assert target.namespace is not None
+            objs = [get(args.name, target.namespace)] if args.name else list_all(target.namespace)
+            items = [(o["metadata"]["name"], o.get("status") or {}, None) for o in objs]
+    except (ControlError, ClusterError) as exc:
+        return fail("status", str(exc))
+
+    if args.output == "json":
+        doc = items[0][1] if args.name or target.client is not None else {n: s for n, s, _ in items}
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    if not items:
+        console.print(f"no InferenceServices in namespace {target.namespace}")
+    for name, status, processes in items:
+        console.print(status_table(name, InferenceServiceStatus.model_validate(status), processes))
+    return 0

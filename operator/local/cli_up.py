@@ -1,5 +1,19 @@
-"""Placeholder until its issue lands."""
+"""`folio up FILE.yaml`: run an InferenceService on this machine (engines, router, rollout loop)."""
 
-from folio.operator.placeholder import add_arguments, main
+from __future__ import annotations
 
-__all__ = ["add_arguments", "main"]
+import argparse
+
+from folio.operator.local.common import add_state_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="InferenceService YAML (file:// model sources with their digest)")
+    parser.add_argument("--port", type=int, default=8080, help="where the router listens (default: 8080)")
+    add_state_dir(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    from folio.operator.local.up import run_up
+
+    return run_up(args.file, port=args.port, state_dir=args.state_dir)

@@ -1,5 +1,105 @@
-"""Placeholder until its issue lands."""
+"""`folio router`: the traffic router for one InferenceService.
 
-from folio.operator.placeholder import add_arguments, main
+Locally it follows a JSON config file (`--config`, re-read when it changes); in a cluster
+(`--kubernetes`) it watches the InferenceService's status and its revisions' EndpointSlices.
+"""
 
-__all__ = ["add_arguments", "main"]
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", required=True, help="the InferenceService this router fronts")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--config", metavar="FILE", help="JSON traffic/endpoints config, re-read when it changes"
+    )
+    where.add_argument("--kubernetes", action="store_true", help="follow the InferenceService in the cluster")
+    parser.add_argument(
+        "--namespace",
+        help="with --kubernetes: the InferenceService's namespace (default: the pod's own namespace)",
+    )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 with --kubernetes)")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' with one of the keys in FILE (one per line)",
+    )
+    parser.add_argument(
+        "--health-path", default="/health", help="replica health check path (default /health)"
+    )
+    parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between health checks")
+    parser.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for an upstream's headers or next chunk (default 600)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def main(args: argparse.Namespace) -> int:
+    from folio.operator.router.app import RouterApp
+    from folio.operator.router.auth import read_keys_file
+    from folio.operator.router.server import bind, serve_until_signalled
+    from folio.operator.router.sources import ConfigSource, FileSource
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    keys: list[str] = []
+    if args.api_keys_file:
+        try:
+            keys = read_keys_file(args.api_keys_file)
+        except OSError as exc:
+            print(f"folio router: cannot read --api-keys-file: {exc}", file=sys.stderr)
+            return 2
+        if not keys:
+            print(f"folio router: {args.api_keys_file} holds no API key", file=sys.stderr)
+            return 2
+
+    source: ConfigSource
+    if args.kubernetes:
+        from folio.operator.router.kube import KubeApi, KubernetesSource, in_cluster_namespace
+
+        namespace = args.namespace or in_cluster_namespace()
+        if not namespace:
+            print("folio router: --namespace is required outside a pod", file=sys.stderr)
+            return 2
+        try:
+            api = KubeApi.from_environment()
+        except Exception as exc:  # kubernetes.config raises several kinds; all mean "no credentials"
+            print(
+                f"folio router: no Kubernetes credentials (in-cluster or kubeconfig): {exc}", file=sys.stderr
+            )
+            return 2
+        source = KubernetesSource(args.name, namespace, api)
+        host = args.host or "0.0.0.0"
+    else:
+        if not os.path.exists(args.config):
+            logging.getLogger("folio.router").warning("%s does not exist yet; waiting for it", args.config)
+        source = FileSource(args.config)
+        host = args.host or "127.0.0.1"
+
+    app = RouterApp(
+        args.name,
+        source,
+        api_keys=keys,
+        health_path=args.health_path,
+        health_interval=args.health_interval,
+        read_timeout=args.upstream_timeout,
+    )
+    try:
+        sock = bind(host, args.port)
+    except OSError as exc:
+        print(f"folio router: cannot listen on {host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    logging.getLogger("folio.router").info("router for %s listening on %s:%d", args.name, host, args.port)
+    asyncio.run(serve_until_signalled(app, sock))
+    return 0

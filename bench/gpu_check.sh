@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The one prepared GPU check for folio's kernels (a few minutes on one GPU): the kernel tests compiled
+# for the GPU (including the `gpu`-marked full-size ones), then bench/kernels.py. It installs nothing:
+# it needs a Python whose torch sees CUDA, with triton and pytest (PY=/path/to/python to choose one).
+# Record the figures it prints, and the GPU model, in bench/README.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+has_cuda() { "$1" -c 'import torch, triton, pytest; assert torch.cuda.is_available()' 2>/dev/null; }
+if [[ -z "${PY:-}" ]]; then
+  for candidate in .venv/bin/python python3 python; do
+    if command -v "$candidate" >/dev/null && has_cuda "$candidate"; then PY=$candidate; break; fi
+  done
+fi
+if [[ -z "${PY:-}" ]] || ! has_cuda "$PY"; then
+  echo "gpu_check: no Python with CUDA torch, triton and pytest found (set PY=...)" >&2
+  exit 2
+fi
+
+# folio maps folders to packages (kernels/ -> folio.kernels). Without an install, expose them through a
+# throwaway namespace folder rather than installing anything.
+if ! "$PY" -c 'import folio.kernels' 2>/dev/null; then
+  shim=$(mktemp -d)
+  trap 'rm -rf "$shim"' EXIT
+  mkdir -p "$shim/folio"
+  for pkg in kernels engine operator; do ln -s "$PWD/$pkg" "$shim/folio/$pkg"; done
+  export PYTHONPATH="$shim:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv,noheader 2>/dev/null || true
+"$PY" -c 'import torch, triton; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, {torch.cuda.get_device_name()}")'
+
+status=0
+echo "== kernel tests on the GPU (every tests/kernels test runs compiled here; gpu-marked ones at full size)"
+timeout 420 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --continue-on-collection-errors \
+  -W ignore::pytest.PytestConfigWarning || status=1
+echo "== bench/kernels.py"
+timeout 300 "$PY" bench/kernels.py "$@" || status=1
+exit $status

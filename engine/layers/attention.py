@@ -1,0 +1,88 @@
+"""Paged attention: store this step's K/V in the block cache, then attend over each sequence's context.
+
+CPU: prefill segments run one by one through `scaled_dot_product_attention` (directly on the new K/V when
+nothing is cached before them); all decode queries run as one batch over K/V gathered by block table.
+Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are folded into
+that head's query rows. CUDA: the `folio.kernels` paged kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.kernels import kernels
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    ctx: AttentionContext,
+    scale: float,
+) -> torch.Tensor:
+    if ctx.use_kernels:
+        return _kernel_attention(q, k, v, k_cache, v_cache, ctx, scale)
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != num_kv_heads
+    for seg in ctx.prefills:
+        qs = q[seg.start : seg.end].transpose(0, 1)  # [Hq, L, D]
+        n = seg.end - seg.start
+        if seg.block_table is None:
+            ks, vs = k[seg.start : seg.end], v[seg.start : seg.end]
+            mask, causal = None, True
+        else:
+            ks = k_cache[seg.block_table].flatten(0, 1)[: seg.context_len]
+            vs = v_cache[seg.block_table].flatten(0, 1)[: seg.context_len]
+            # query i sits at position context_len - n + i and sees keys up to there
+            rows = torch.arange(seg.context_len - n, seg.context_len).unsqueeze(1)
+            mask, causal = torch.arange(seg.context_len).unsqueeze(0) <= rows, False
+        if gqa:  # repeated K/V keep SDPA on its flash kernel (enable_gqa falls back to the math one)
+            ks = ks.repeat_interleave(q.shape[1] // num_kv_heads, dim=1)
+            vs = vs.repeat_interleave(q.shape[1] // num_kv_heads, dim=1)
+        # 4-D inputs: SDPA's CPU flash kernel only takes batched ones (3-D falls back to the math kernel)
+        o = F.scaled_dot_product_attention(
+            qs[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
+            scale=scale,
+        )
+        out[seg.start : seg.end] = o[0].transpose(0, 1)
+    if ctx.decode_buckets:
+        assert ctx.gather_buffers is not None
+        k_buf, v_buf = ctx.gather_buffers
+        for bucket in ctx.decode_buckets:
+            b, n = bucket.end - bucket.start, bucket.flat_blocks.numel()
+            # Gathering into a persistent buffer: a fresh tensor this size would page-fault on every layer.
+            kd = torch.index_select(k_cache, 0, bucket.flat_blocks, out=k_buf[:n])
+            vd = torch.index_select(v_cache, 0, bucket.flat_blocks, out=v_buf[:n])
+            kd = kd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
+            vd = vd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
+            qd = q[bucket.start : bucket.end].view(b, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.mask, scale=scale)
+            out[bucket.start : bucket.end] = o.reshape(b, -1, head_dim)
+    return out
+
+
+def _kernel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx: AttentionContext,
+    scale: float,
+) -> torch.Tensor:
+    kn = kernels()
+    kn.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+    if ctx.prefills:  # the prefill kernel covers decode rows too (one query each)
+        return kn.paged_prefill_attention(
+            q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, scale
+        )
+    return kn.paged_decode_attention(
+        q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, max_context_len=ctx.max_context_len
+    )

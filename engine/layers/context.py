@@ -1,0 +1,48 @@
+"""The per-step attention context: where each token's K/V goes and what each query may attend to.
+
+Built once per step by the model runner and shared by all layers. The step's tokens are laid out as
+``[prefill tokens (sequence after sequence) | decode tokens (one per sequence)]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillSegment:
+    start: int  # first row of this sequence's queries in the step's tokens
+    end: int
+    context_len: int  # tokens of the sequence with K/V in the cache once this step's are stored
+    block_table: torch.Tensor | None  # [num_blocks] int64; None when the segment is the whole context
+
+
+@dataclass
+class DecodeBucket:
+    """Decode sequences of similar context length, attended together (less padding than one batch)."""
+
+    start: int  # rows of the step's tokens
+    end: int
+    width: int  # blocks per sequence after padding
+    flat_blocks: torch.Tensor  # [(end - start) * width] int64: the bucket's block tables, row-major
+    mask: torch.Tensor  # [end - start, 1, 1, width * block_size] bool: which gathered keys are real
+
+
+@dataclass
+class AttentionContext:
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each token's K/V
+    prefills: list[PrefillSegment]
+    num_prefill_tokens: int
+    num_decodes: int
+    # decode side (CPU path): gather K/V by block table into reused buffers, mask the padding
+    decode_buckets: list[DecodeBucket] = field(default_factory=list)
+    gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # each [blocks, block_size, Hkv, D]
+    rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # per-step cos/sin [T, 1, D/2]
+    # kernel side (folio.kernels contract; the CUDA path)
+    use_kernels: bool = False
+    max_context_len: int | None = None
+    block_tables: torch.Tensor | None = None  # [S, M] int32, prefills then decodes
+    context_lens: torch.Tensor | None = None  # [S] int32
+    cu_seqlens_q: torch.Tensor | None = None  # [S + 1] int32

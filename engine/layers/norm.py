@@ -1,0 +1,38 @@
+"""RMSNorm, computed in float32 as `transformers` does."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folio.engine.layers.kernels import kernels
+
+
+class RMSNorm(nn.Module):
+    use_kernels = False  # set by the model: folio.kernels (CUDA) instead of the PyTorch code below
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; the same float32 arithmetic as below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
+        if self.use_kernels:
+            if residual is None:
+                return kernels().rms_norm(x, self.weight, self.eps)
+            return kernels().fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

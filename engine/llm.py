@@ -1,0 +1,107 @@
+"""The offline API (vLLM's shape): ``LLM(model, ...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from folio.engine.config import EngineConfig
+from folio.engine.llm_engine import LLMEngine
+from folio.engine.outputs import RequestOutput
+from folio.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Batch generation over a model folder or a .gguf file. Keyword arguments are `EngineConfig` fields."""
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig(model=str(model), **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order, each with ``params.n`` completions."""
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (
+            [sampling_params] * len(prompt_list)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"got {len(prompt_list)} prompts but {len(params_list)} sampling params")
+        engine = self.llm_engine
+        # (request index, completion index) of each engine request
+        where: dict[str, tuple[int, int]] = {}
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+                base = str(next(self._ids))
+                for j, sub_id, sub_params in _fan_out(base, params):
+                    engine.add_request(sub_id, prompt, sub_params)
+                    where[sub_id] = (i, j)
+        except Exception:
+            for rid in where:  # nothing half-scheduled: drop what this call already queued
+                engine.abort_request(rid)
+            raise
+        results: list[RequestOutput | None] = [None] * len(prompt_list)
+        completions: list[dict[int, Any]] = [{} for _ in prompt_list]
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished or out.request_id not in where:
+                    continue
+                i, j = where[out.request_id]
+                completion = out.outputs[0]
+                completion.index = j
+                completions[i][j] = completion
+                if results[i] is None:
+                    results[i] = dataclasses.replace(out, request_id=str(i))
+        final: list[RequestOutput] = []
+        for i, res in enumerate(results):
+            assert res is not None
+            res.outputs = [completions[i][j] for j in sorted(completions[i])]
+            res.finished = True
+            final.append(res)
+        return final
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.get_tokenizer()
+        prompts: list[Prompt] = [
+            list(tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+            for conv in conversations  # type: ignore[union-attr]
+        ]
+        return self.generate(prompts, sampling_params)
+
+
+def _fan_out(base: str, params: SamplingParams) -> list[tuple[int, str, SamplingParams]]:
+    if params.n == 1:
+        return [(0, base, params)]
+    return [
+        (j, f"{base}-{j}", dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + j))
+        for j in range(params.n)
+    ]
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return [p if isinstance(p, str) else list(p) for p in prompts]

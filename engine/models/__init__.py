@@ -1,0 +1,1 @@
+"""Model implementations written for the paged KV cache."""

@@ -1,0 +1,116 @@
+"""The FastAPI application of one engine replica."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from folio.engine.server.async_engine import AsyncEngine, EngineCore
+from folio.engine.server.chat import create_chat_completion
+from folio.engine.server.completions import create_completion
+from folio.engine.server.errors import install_error_handlers
+from folio.engine.server.gateway import Faults, Gateway, ServerState
+from folio.engine.server.metrics import ServerMetrics
+from folio.engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from folio.engine.server.serving import OpenAIServing, ServingConfig
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request"},
+    404: {"model": ErrorResponse, "description": "Unknown model"},
+    500: {"model": ErrorResponse, "description": "Injected fault (--fault-error-rate) or internal error"},
+    503: {"model": ErrorResponse, "description": "Queue full or shutting down; see Retry-After"},
+}
+
+
+def folio_version() -> str:
+    try:
+        return version("folio")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None = None) -> FastAPI:
+    """The app serving ``engine``. Its engine thread runs for the app's lifespan; ``app.state.server``
+    is the ServerState (drain, in-flight count) that the process's signal handling drives."""
+    async_engine = AsyncEngine(engine, lambda stats: ServerMetrics(config.served_model_name, stats))
+    serving = OpenAIServing(async_engine, config)
+    state = ServerState(async_engine, faults or Faults())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        try:
+            yield
+        finally:
+            async_engine.stop()
+
+    app = FastAPI(title="Folio engine", version=folio_version(), lifespan=lifespan)
+    app.state.server = state
+    app.state.serving = serving
+    install_error_handlers(app)
+    app.add_middleware(Gateway, state=state)
+
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    )
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(serving, body, raw)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    )
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(serving, body, raw)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        card = ModelCard(
+            id=config.served_model_name,
+            root=config.model_path,
+            max_model_len=config.max_model_len,
+            revision=config.revision,
+            digest=config.digest,
+        )
+        return ModelList(data=[card])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        # Liveness: the weights are loaded (the app exists only then) and the engine thread runs.
+        if async_engine.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "engine stopped", "error": repr(async_engine.error)}, status_code=503)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.ready:
+            return JSONResponse({"status": "ready"})
+        status = "draining" if state.draining else "engine stopped"
+        return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.get("/version")
+    async def version_() -> dict[str, str]:
+        return {"version": folio_version()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

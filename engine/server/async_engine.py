@@ -1,0 +1,255 @@
+"""Runs the blocking engine core in a thread of its own and fans its outputs out to asyncio streams.
+
+Only the engine thread touches the engine: the event loop hands it commands (add, abort) that it runs
+between two steps, and it hands back each step's outputs and a stats snapshot in one loop callback. So
+the server never blocks on a step, and the engine never needs a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from folio.engine.outputs import EngineStats, RequestOutput
+from folio.engine.sampling_params import SamplingParams
+from folio.engine.server.metrics import ServerMetrics
+
+log = logging.getLogger("folio.server")
+
+
+class EngineCore(Protocol):
+    """The part of `folio.engine.llm_engine.LLMEngine` the server uses."""
+
+    tokenizer: Any
+    model_config: Any
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def stats(self) -> EngineStats: ...
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped on an error; every request in flight fails with it."""
+
+
+class RequestAborted(RuntimeError):
+    """The server aborted the request (e.g. shutdown drain timed out)."""
+
+
+@dataclass
+class EngineRequest:
+    """One engine sequence of a client request (a request fans out to n × prompts sequences)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class RequestStream:
+    """The outputs of one client request's sequences, in arrival order, until all have finished."""
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = list(request_ids)
+        self._pending = set(request_ids)
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    @property
+    def finished(self) -> bool:
+        return not self._pending
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while self._pending:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                self._pending.discard(item.request_id)
+            yield item
+
+
+_Reply = Callable[[], None]  # runs on the event loop once a command is done
+
+
+class AsyncEngine:
+    def __init__(
+        self, engine: EngineCore, metrics_factory: Callable[[Callable[[], EngineStats]], ServerMetrics]
+    ):
+        self.engine = engine
+        self.metrics = metrics_factory(lambda: self.stats)
+        self.stats: EngineStats = engine.stats()
+        self.error: BaseException | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._pending_adds = 0
+        self._adding: set[asyncio.Future[None]] = set()  # adds the engine thread has not answered yet
+        self._cv = threading.Condition()
+        self._commands: list[Callable[[], _Reply | None]] = []
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle (event loop side)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="folio-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the engine reports to (set by start())."""
+        return self._loop
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_queued(self) -> int:
+        """Sequences not yet scheduled: being handed to the engine, or waiting in its queue."""
+        return self._pending_adds + self.stats.num_waiting
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # ------------------------------------------------------------ requests (event loop side)
+
+    async def generate(self, seqs: list[EngineRequest]) -> RequestStream:
+        """Hands the sequences to the engine. Raises ValueError (bad input, nothing scheduled) or
+        EngineDeadError; a cancelled caller leaves nothing behind."""
+        if not self.alive:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        ids = [s.request_id for s in seqs]
+        stream = RequestStream(ids)
+        for rid in ids:  # registered before the engine sees them, so no output can be missed
+            self._streams[rid] = stream
+        done: asyncio.Future[None] = self._loop.create_future()  # type: ignore[union-attr]
+
+        def add() -> _Reply:
+            added: list[str] = []
+            try:
+                for s in seqs:
+                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params)
+                    added.append(s.request_id)
+            except Exception as exc:
+                for rid in added:
+                    self.engine.abort_request(rid)
+                return lambda err=exc: done.done() or done.set_exception(err)
+            return lambda: self._added(seqs, done)
+
+        self._pending_adds += len(seqs)
+        self._adding.add(done)
+        try:
+            self._submit(add)
+            await done
+        except BaseException:
+            self.abort(ids, count=False)  # also covers a caller cancelled while the add was queued
+            raise
+        finally:
+            self._pending_adds -= len(seqs)
+            self._adding.discard(done)
+        return stream
+
+    def _added(self, seqs: list[EngineRequest], done: asyncio.Future[None]) -> None:
+        # Runs before any step output of these sequences reaches the loop, so timings start first.
+        if done.done():  # the caller gave up meanwhile and generate() aborted the sequences
+            return
+        for s in seqs:
+            self.metrics.on_added(s.request_id, len(s.prompt_token_ids))
+        done.set_result(None)
+
+    def abort(self, request_ids: Sequence[str], *, count: bool = True) -> None:
+        """Stops the sequences that have not finished and frees their KV blocks."""
+        live = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
+        if not live:
+            return
+        if count:
+            for rid in live:
+                self.metrics.on_aborted(rid)
+
+        def abort() -> None:
+            for rid in live:
+                self.engine.abort_request(rid)
+
+        self._submit(abort)
+
+    def abort_all(self, reason: BaseException) -> None:
+        for stream in set(self._streams.values()):
+            stream.put(reason)
+        self.abort(list(self._streams))
+
+    # ------------------------------------------------------------ engine thread
+
+    def _submit(self, command: Callable[[], _Reply | None]) -> None:
+        with self._cv:
+            self._commands.append(command)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        busy = False
+        try:
+            while True:
+                with self._cv:
+                    while not (self._commands or busy or self._stopping):
+                        self._cv.wait()
+                    if self._stopping:
+                        return
+                    commands, self._commands = self._commands, []
+                if commands:
+                    replies = [r for r in (c() for c in commands) if r is not None]
+                    loop.call_soon_threadsafe(self._on_commands, replies, self.engine.stats())
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    loop.call_soon_threadsafe(self._on_step, outputs, self.engine.stats())
+                busy = self.engine.has_unfinished_requests()
+        except BaseException as exc:  # a broken engine must fail its requests, not hang them
+            log.exception("engine step failed; failing every request in flight")
+            loop.call_soon_threadsafe(self._on_dead, exc)
+
+    # ------------------------------------------------------------ engine thread -> event loop
+
+    def _on_commands(self, replies: list[_Reply], stats: EngineStats) -> None:
+        self.stats = stats
+        for reply in replies:
+            reply()
+
+    def _on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        self.stats = stats
+        now = time.monotonic()
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            self.metrics.on_output(out, now)
+            stream.put(out)
+            if out.finished:
+                del self._streams[out.request_id]
+
+    def _on_dead(self, exc: BaseException) -> None:
+        self.error = exc
+        err = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        for stream in set(self._streams.values()):
+            stream.put(err)
+        self._streams.clear()
+        for done in self._adding:
+            if not done.done():
+                done.set_exception(err)

@@ -1,0 +1,100 @@
+"""Errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`, and the handlers that
+make every failure (including FastAPI's own validation errors) come out that way."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("folio.server")
+
+RETRY_AFTER_SECONDS = 1
+
+
+class OpenAIError(Exception):
+    """An error answered to the client; ``status`` picks the HTTP code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def unavailable(message: str, code: str) -> OpenAIError:
+    return OpenAIError(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """The parameter path of a pydantic error, without the union-member tags pydantic adds."""
+    parts = [str(p) for p in loc if p != "body" and "[" not in str(p) and str(p) not in _TYPE_TAGS]
+    return ".".join(parts) or None
+
+
+def _describe(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable sentence and the offending parameter out of pydantic's error list."""
+    # Our own checks (value_error) say more than the "not a string" of a union's other members.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
+    if first.get("type") == "json_invalid":
+        return f"Malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse')}", None
+    param = _param(tuple(first.get("loc", ())))
+    others = {_param(tuple(e.get("loc", ()))) for e in errors} - {param}
+    where = f"'{param}'" if param else "the request body"
+    more = f" (also invalid: {', '.join(sorted(str(o) for o in others))})" if others else ""
+    return f"Invalid value for {where}: {first.get('msg', 'invalid request')}{more}", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI answers 422 by default; OpenAI clients expect 400 for any invalid input.
+        message, param = _describe(list(exc.errors()))
+        return bad_request(message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return OpenAIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return OpenAIError(
+            500, f"Internal server error: {type(exc).__name__}", code="internal_error"
+        ).response()

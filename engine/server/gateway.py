@@ -1,0 +1,109 @@
+"""Admission in front of the API routes: refuse new work while draining, inject faults when asked to,
+and count requests in flight so a drain knows when it is done.
+
+A plain ASGI middleware, so a streaming response counts as in flight until its last byte is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from folio.engine.server.async_engine import AsyncEngine, RequestAborted
+from folio.engine.server.errors import OpenAIError, unavailable
+
+log = logging.getLogger("folio.server")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Test aids (off by default): make a revision misbehave so that a rollback can be exercised."""
+
+    error_rate: float = 0.0  # fraction of API requests answered with a 500
+    latency_ms: float = 0.0  # added before each API request is handled
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"fault error rate must be in [0, 1], got {self.error_rate}")
+        if self.latency_ms < 0:
+            raise ValueError(f"fault latency must be >= 0 ms, got {self.latency_ms}")
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    faults: Faults = field(default_factory=Faults)
+    draining: bool = False
+    in_flight: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+        self._rng = random.Random(self.faults.seed)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.alive and not self.draining
+
+    async def drain(self, timeout: float) -> bool:
+        """Stops admitting requests and waits for those in flight. Past ``timeout`` seconds the rest
+        are aborted and answered with a 503 (or a final error event). True when nothing was cut short."""
+        self.draining = True
+        log.info("draining: %d request(s) in flight, waiting up to %.1fs", self.in_flight, timeout)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            log.warning("drain timed out; aborting %d request(s)", self.in_flight)
+            self.engine.abort_all(RequestAborted("The server is shutting down; retry the request."))
+            try:  # let the aborted requests send their answers
+                await asyncio.wait_for(self._idle.wait(), 5.0)
+            except asyncio.TimeoutError:
+                log.error("%d request(s) still open after the abort", self.in_flight)
+            return False
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def fault(self) -> bool:
+        return self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate
+
+
+class Gateway:
+    """Wraps the API routes (POST /v1/...); probes and metrics pass straight through."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        state = self.state
+        if state.draining:
+            err = unavailable("The server is shutting down; retry on another replica.", code="shutting_down")
+            await err.response()(scope, receive, send)
+            return
+        state.request_started()
+        try:
+            if state.faults.latency_ms:
+                await asyncio.sleep(state.faults.latency_ms / 1000)
+            if state.fault():
+                err = OpenAIError(500, "Injected fault (--fault-error-rate).", code="fault_injected")
+                await err.response()(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+        finally:
+            state.request_finished()

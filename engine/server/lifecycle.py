@@ -1,0 +1,56 @@
+"""The uvicorn server of `folio serve`, with a graceful drain on SIGTERM/SIGINT.
+
+Uvicorn's own handling closes the listening socket at once (new clients get connection refused) and
+then re-raises the signal, so the process dies by SIGTERM. Kubernetes wants better: /ready turns 503
+immediately, new requests get a 503 the router can retry elsewhere, those in flight finish within
+--shutdown-timeout, and the process exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from types import FrameType
+
+import uvicorn
+
+from folio.engine.server.gateway import ServerState
+
+log = logging.getLogger("folio.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self.clean_drain: bool | None = None  # set once a drain ran: False if requests were cut short
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Deliberately not recording the signal: uvicorn would re-raise it after shutdown.
+        if self._signalled or self._loop is None or not self.started:
+            self.should_exit = True
+            self.force_exit = self._signalled
+            return
+        self._signalled = True
+        log.info(
+            "signal %d: draining (up to %.1fs); a second signal stops at once", sig, self.shutdown_timeout
+        )
+        self.state.draining = True  # /ready answers 503 from this instant
+        # A signal handler may interrupt the loop anywhere: hand over the way asyncio's own handlers do.
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        self.clean_drain = await self.state.drain(self.shutdown_timeout)
+        self.should_exit = True

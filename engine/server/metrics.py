@@ -1,0 +1,151 @@
+"""Prometheus metrics under vLLM's names, so existing dashboards, autoscalers and the Gateway API
+inference extension work unchanged. Every engine metric is labelled ``model_name``.
+
+Gauges and engine-side totals come from the engine's latest stats snapshot at scrape time; request
+counters and latency histograms are fed as outputs reach the server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from folio.engine.outputs import EngineStats, RequestOutput
+
+disable_created_metrics()  # vLLM exports no *_created series either
+
+# vLLM's bucket boundaries, so histogram_quantile() queries carry over.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+class _EngineStatsCollector(Collector):
+    """Reads the engine's stats snapshot when Prometheus scrapes."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self._model = model_name
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        label = ["model_name"]
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in the running batch.", s.num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", s.kv_cache_usage),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=label)
+            g.add_metric([self._model], value)
+            yield g
+        for name, doc, value in (
+            ("vllm:num_preemptions", "Cumulative preemptions.", s.num_preemptions_total),
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                s.prefix_cache_queries_total,
+            ),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits_total),
+        ):
+            c = CounterMetricFamily(name, doc, labels=label)
+            c.add_metric([self._model], value)
+            yield c
+
+
+@dataclass
+class _Timing:
+    arrival: float
+    last: float | None = None  # when the last token arrived; None before the first
+    tokens: int = 0
+
+
+class ServerMetrics:
+    """The metrics of one served model, in a registry of their own (several apps can share a process)."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineStatsCollector(model_name, stats))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        reg, label = self.registry, ["model_name"]
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", label, registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", label, registry=reg)
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            [*label, "finished_reason"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            label,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between tokens.",
+            label,
+            buckets=ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Request latency.", label, buckets=E2E_BUCKETS, registry=reg
+        )
+        self._timings: dict[str, _Timing] = {}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # The hooks below run on the event loop, one sequence (engine request id) at a time.
+
+    def on_added(self, request_id: str, prompt_tokens: int) -> None:
+        self._timings[request_id] = _Timing(arrival=time.monotonic())
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+
+    def on_output(self, out: RequestOutput, now: float) -> None:
+        t = self._timings.get(out.request_id)
+        if t is None or not out.outputs:
+            return
+        total = len(out.outputs[0].token_ids)
+        new = total - t.tokens
+        if new > 0:
+            self.generation_tokens.labels(self.model_name).inc(new)
+            if t.last is None:
+                self.ttft.labels(self.model_name).observe(now - t.arrival)
+                new -= 1  # the first token has no inter-token gap
+            elif new:
+                gap = (now - t.last) / new
+                for _ in range(new):
+                    self.itl.labels(self.model_name).observe(gap)
+            t.last, t.tokens = now, total
+        if out.finished:
+            reason = out.outputs[0].finish_reason or "stop"
+            self._finish(out.request_id, reason, now)
+
+    def on_aborted(self, request_id: str) -> None:
+        if request_id in self._timings:
+            self._finish(request_id, "abort", time.monotonic())
+
+    def _finish(self, request_id: str, reason: str, now: float) -> None:
+        t = self._timings.pop(request_id)
+        self.request_success.labels(self.model_name, reason).inc()
+        self.e2e.labels(self.model_name).observe(now - t.arrival)

@@ -1,0 +1,249 @@
+"""What /v1/completions and /v1/chat/completions share: model and capacity checks, turning a request
+into engine sequences with validated sampling parameters, and running them to the end or to a client
+disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from folio.engine.outputs import RequestOutput
+from folio.engine.sampling_params import SamplingParams
+from folio.engine.server.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineRequest,
+    RequestAborted,
+    RequestStream,
+)
+from folio.engine.server.errors import OpenAIError, bad_request, unavailable
+from folio.engine.server.protocol import INT64_MAX, SamplingRequest, Usage
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    served_model_name: str
+    model_path: str
+    max_model_len: int
+    max_n: int = 8
+    max_queued_requests: int = 256
+    revision: str | None = None
+    digest: str | None = None
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]
+    text: str | None = None
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncEngine, config: ServingConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.engine.tokenizer
+        self.vocab_size: int | None = getattr(engine.engine.model_config, "vocab_size", None)
+
+    # ------------------------------------------------------------------ checks
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.served_model_name:
+            raise OpenAIError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{self.config.served_model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_capacity(self) -> None:
+        if self.engine.num_queued >= self.config.max_queued_requests:
+            raise unavailable(
+                f"Server overloaded: {self.engine.num_queued} requests are queued "
+                f"(limit {self.config.max_queued_requests}); retry later.",
+                code="server_overloaded",
+            )
+
+    def check_common(self, req: SamplingRequest) -> None:
+        self.check_model(req.model)
+        if req.n > self.config.max_n:
+            raise bad_request(f"n must be at most {self.config.max_n}, got {req.n}.", param="n")
+        if req.logit_bias:
+            raise bad_request("logit_bias is not supported.", param="logit_bias")
+        if isinstance(req.stop, list) and len(req.stop) > 16:
+            raise bad_request(f"At most 16 stop strings are allowed, got {len(req.stop)}.", param="stop")
+        self.check_capacity()
+
+    def tokenize(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        except Exception as exc:  # the request's text, not the server, is at fault
+            raise bad_request(f"The text could not be tokenized: {exc}", param=param) from exc
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        if not ids:
+            raise bad_request("The prompt must not be empty.", param=param)
+        if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
+            bad = next(t for t in ids if t < 0 or t >= self.vocab_size)
+            raise bad_request(
+                f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).", param=param
+            )
+
+    def max_tokens(
+        self, requested: int | None, default: int | None, prompt_len: int, *, param: str, prompt_param: str
+    ) -> int:
+        """The completion budget; a 400 stating both figures when the request cannot fit the context.
+        ``param``/``prompt_param`` name the field to blame when the budget/the prompt alone is too long."""
+        limit = self.config.max_model_len
+        room = limit - prompt_len
+        if requested is None:
+            wanted = room if default is None else min(default, room)
+            if wanted >= 1:
+                return wanted
+            requested = default or 1
+        if prompt_len + requested > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+                f"completion). Please reduce the length of the prompt or completion.",
+                param=prompt_param if prompt_len >= limit else param,
+                code="context_length_exceeded",
+            )
+        return requested
+
+    # ------------------------------------------------------------------ sequences
+
+    def sequences(
+        self,
+        request_id: str,
+        prompts: list[Prompt],
+        req: SamplingRequest,
+        max_tokens: list[int],
+        logprobs: int | None,
+    ) -> list[EngineRequest]:
+        """n sequences per prompt; choice index = prompt index * n + k, seed + k when seeded."""
+        seqs: list[EngineRequest] = []
+        for p, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
+            for k in range(req.n):
+                seed = None if req.seed is None else (req.seed + k) % (INT64_MAX + 1)
+                params = self._params(req, seed=seed, max_tokens=budget, logprobs=logprobs)
+                seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params))
+        return seqs
+
+    @staticmethod
+    def _params(
+        req: SamplingRequest, *, seed: int | None, max_tokens: int, logprobs: int | None
+    ) -> SamplingParams:
+        try:
+            return SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=-1 if req.top_k is None else req.top_k,
+                min_p=req.min_p or 0.0,
+                repetition_penalty=req.repetition_penalty,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                seed=seed,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids or [],
+                max_tokens=max_tokens,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+
+    async def engine_stream(self, seqs: list[EngineRequest]) -> RequestStream:
+        """Hands the sequences to the engine; maps its refusals to OpenAI errors."""
+        try:
+            return await self.engine.generate(seqs)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+        except EngineDeadError as exc:
+            raise unavailable(str(exc), code="engine_unavailable") from exc
+
+    async def run_to_end(self, raw: Request, seqs: list[EngineRequest]) -> dict[str, RequestOutput]:
+        """Final output per sequence id; aborts everything if the client disconnects first."""
+        stream = await self.engine_stream(seqs)
+        ids = stream.request_ids
+
+        async def collect() -> dict[str, RequestOutput]:
+            last: dict[str, RequestOutput] = {}
+            async for out in stream:
+                last[out.request_id] = out
+            return last
+
+        work = asyncio.ensure_future(collect())
+        gone = asyncio.ensure_future(_wait_disconnect(raw))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                self.engine.abort(ids)
+        if not work.done() or work.cancelled():
+            # Nobody reads this answer; 499 is nginx's "client closed request", for the access log.
+            raise OpenAIError(499, "The client disconnected.", code="client_disconnected")
+        try:
+            return work.result()
+        except EngineDeadError as exc:
+            raise unavailable(str(exc), code="engine_unavailable") from exc
+        except RequestAborted as exc:
+            raise unavailable(str(exc), code="shutting_down") from exc
+
+    async def sse(
+        self,
+        stream: RequestStream,
+        render: Callable[[RequestOutput], Iterable[BaseModel | dict[str, Any]]],
+        tail: Callable[[], Iterable[BaseModel | dict[str, Any]]],
+    ) -> AsyncIterator[str]:
+        """Server-sent events: a chunk per rendered item, an error event if the engine gives out, then
+        `[DONE]`. Closing the generator (client gone) aborts the sequences still running."""
+        try:
+            try:
+                async for out in stream:
+                    for item in render(out):
+                        yield _event(item)
+                for item in tail():
+                    yield _event(item)
+            except EngineDeadError as exc:
+                yield _event(unavailable(str(exc), code="engine_unavailable").body())
+            except RequestAborted as exc:
+                yield _event(unavailable(str(exc), code="shutting_down").body())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.engine.abort(stream.request_ids)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def _event(item: BaseModel | dict[str, Any]) -> str:
+    data = item.model_dump_json() if isinstance(item, BaseModel) else json.dumps(item)
+    return f"data: {data}\n\n"
+
+
+async def _wait_disconnect(raw: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (if the client leaves).
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return

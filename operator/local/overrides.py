@@ -1,0 +1,42 @@
+"""`folio promote|abort|retry NAME`, locally through the control endpoint or as a cluster annotation."""
+
+from __future__ import annotations
+
+import argparse
+
+from folio.operator.local.common import add_target_arguments, fail, resolve_target
+
+WHAT = {
+    "promote": "the canary will be promoted to stable",
+    "abort": "the canary will be rolled back (traffic returns to stable)",
+    "retry": "the failed revision will be tried again",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+
+
+def run(args: argparse.Namespace, override: str) -> int:
+    from folio.operator.local.client import ControlError
+    from folio.operator.local.kube import ClusterError, request_override
+
+    try:
+        target = resolve_target(args)
+        if target.client is not None:
+            local = target.client.status()["name"]
+            if local != args.name:
+                return fail(
+                    override,
+                    f"the local `folio up` runs {local!r}, not {args.name!r} (--kubernetes for a cluster)",
+                )
+            target.client.override(override)
+            where = "local"
+        else:
+            assert target.namespace is not None
+            request_override(args.name, target.namespace, override)
+            where = f"namespace {target.namespace}"
+    except (ControlError, ClusterError) as exc:
+        return fail(override, str(exc))
+    print(f"inferenceservice/{args.name} ({where}): {override} requested; {WHAT[override]}")
+    return 0

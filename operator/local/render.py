@@ -1,0 +1,67 @@
+"""The status table `folio status` and `folio up` print, for local and cluster services alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from folio.operator.spec import InferenceServiceStatus
+
+_CONDITION_STYLE = {"True": "green", "False": "red", "Unknown": "yellow"}
+_DEGRADED_STYLE = {"True": "red", "False": "green", "Unknown": "yellow"}
+
+
+def status_table(
+    name: str, status: InferenceServiceStatus, processes: dict[str, dict[str, Any]] | None = None
+) -> Group:
+    """Revisions with their role, traffic and replicas, then conditions and the last analysis."""
+    weights = {t.revision: t.weight for t in status.traffic}
+    title = f"InferenceService [bold]{name}[/] — {status.phase or 'Pending'}"
+    revs = Table(title=title, title_justify="left", expand=False)
+    for col in ("revision", "role", "traffic", "ready", "restarts", "engine args"):
+        revs.add_column(col, justify="right" if col in ("traffic", "ready", "restarts") else "left")
+    for rev in status.revisions:
+        proc = (processes or {}).get(rev.name)
+        ready = f"{proc['ready']}/{proc['replicas']}" if proc else str(rev.ready_replicas)
+        revs.add_row(
+            rev.name,
+            rev.role if rev.weights_ready else f"{rev.role} (pulling weights)",
+            f"{weights.get(rev.name, 0)}%",
+            ready,
+            str(proc["restarts"]) if proc else "-",
+            "\n".join(f"{k}={v}" for k, v in sorted(rev.args.items())) or "-",
+        )
+    parts: list[Any] = [revs]
+    for source in dict.fromkeys(rev.model.source for rev in status.revisions):
+        parts.append(Text(f"model: {source}", style="dim"))
+
+    if status.canary is not None and status.canary_revision:
+        c = status.canary
+        line = f"canary {status.canary_revision}: step {c.step + 1}, {c.weight}% of traffic"
+        if c.last_analysis is not None:
+            a = c.last_analysis
+            line += f"; last analysis {a.verdict}: {a.requests} requests, error rate {a.error_rate:.1%}" + (
+                f", p99 {a.latency_p99_ms:.0f} ms" if a.latency_p99_ms is not None else ""
+            )
+        parts.append(Text(line))
+
+    conds = Table(show_header=True, expand=False, box=None, pad_edge=False)
+    for col in ("condition", "status", "reason", "message"):
+        conds.add_column(col)
+    for c in status.conditions:
+        styles = _DEGRADED_STYLE if c.type == "Degraded" else _CONDITION_STYLE
+        conds.add_row(c.type, Text(c.status, style=styles.get(c.status, "")), c.reason, c.message)
+    if status.conditions:
+        parts.append(conds)
+
+    if status.failed_revisions:
+        failed = Table(title="failed revisions", title_justify="left", box=None, expand=False)
+        for col in ("revision", "reason", "at", "message"):
+            failed.add_column(col)
+        for f in status.failed_revisions:
+            failed.add_row(f.revision, f.reason, f.at, f.message)
+        parts.append(failed)
+    return Group(*parts)

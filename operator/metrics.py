@@ -1,0 +1,27 @@
+"""The operator's own Prometheus metrics, served on its `/metrics` port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+RECONCILES = Counter(
+    "folio_operator_reconciles_total",
+    "Reconciles of InferenceServices, by what triggered them and how they ended.",
+    ["trigger", "result"],  # result: ok | invalid | error
+)
+ERRORS = Counter(
+    "folio_operator_reconcile_errors_total",
+    "Reconciles that failed and will be retried, by error kind.",
+    ["reason"],
+)
+DURATION = Histogram(
+    "folio_operator_reconcile_duration_seconds",
+    "Wall time of one reconcile, API calls included.",
+    ["trigger"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+APPLIED = Counter(
+    "folio_operator_objects_total",
+    "Child objects written by the operator, by kind and action.",
+    ["kind", "action"],  # action: created | deleted
+)

@@ -1,0 +1,425 @@
+"""Weights pre-pull: fetch a revision's pinned weights into the cache and verify them before any pod serves.
+
+In a cluster the operator runs one Job per revision, ``{isvc}-prepull-{rev}``, with the cache PVC
+``{isvc}-weights`` mounted at ``/weights``; the Job runs
+
+    python -m folio.operator.prepull --source SRC [--revision SHA] [--digest sha256:…] --dest /weights/REV/<model>
+
+(``<model>`` is `model_dir_name`: the source's last path component), where the engine pods mount
+them read-only. What happens per scheme:
+
+- ``hf://ORG/NAME``: downloaded with huggingface_hub at exactly the pinned 40-hex commit; the digest
+  is computed and recorded (and must equal ``digest`` when one is pinned).
+- ``pvc://CLAIM/PATH``: the claim is mounted read-only at ``/source/CLAIM`` (``--source-root``
+  changes ``/source``); PATH is copied and the copy is verified against ``digest``.
+- ``file:///PATH``: like pvc://, from a local path.
+
+Work happens in a hidden staging folder and is moved into place only once verified, so a
+half-written or mismatching copy is never visible at ``--dest``. A verified revision leaves a
+record (`RECORD`) beside it; running again for the same pin is a no-op, and a revision with the same pinned
+weights as another one in the cache (different engine args) hard-links that copy instead of
+fetching it again. On success the Job's termination message is the digest; on failure it is the
+reason, which the operator shows in ``WeightsReady``.
+
+The Job and the cache PVC are built by `prepull_job` and `weights_pvc`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from folio.engine.digest import DigestMismatchError, compute_digest, verify_digest
+from folio.operator.spec import COMMIT_RE, DIGEST_RE, CacheSpec, ModelSource
+
+RECORD = ".folio-weights.json"
+CACHE_MOUNT = "/weights"
+SOURCE_MOUNT = "/source"
+TERMINATION_LOG = "/dev/termination-log"
+
+# progress(stage, bytes_done, bytes_total); stage is "download", "copy" or "verify"
+Progress = Callable[[str, int, int], None]
+# huggingface_hub.snapshot_download's shape (tests pass a fake: there is no hub to reach)
+Downloader = Callable[..., Any]
+
+
+class WeightsError(RuntimeError):
+    """The weights cannot be made ready; the message says why and is shown in status."""
+
+
+@dataclass(frozen=True)
+class Pulled:
+    path: Path  # what the engine serves
+    digest: str
+    reused: bool  # True when nothing was fetched (already there, or linked from another revision)
+
+
+# ------------------------------------------------------------------------ naming
+
+
+def model_dir_name(model: ModelSource) -> str:
+    """The last path component of the source: the file or folder name under ``/weights/{rev}``."""
+    name = model.source.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
+    if not name or name in (".", ".."):
+        raise WeightsError(f"cannot name the weights of {model.source!r}: it has no final path component")
+    return name
+
+
+def pvc_claim_and_path(source: str) -> tuple[str, str]:
+    """``pvc://CLAIM/PATH`` → (CLAIM, PATH)."""
+    rest = source.removeprefix("pvc://")
+    claim, _, path = rest.partition("/")
+    if not claim or not path.strip("/"):
+        raise WeightsError(f"pvc:// sources look like pvc://CLAIM/PATH/IN/CLAIM, got {source!r}")
+    return claim, path.strip("/")
+
+
+def local_source(model: ModelSource, source_root: Path | None) -> Path:
+    """Where a pvc:// or file:// source is readable from this process."""
+    if model.scheme == "file":
+        parsed = urlparse(model.source)
+        if parsed.netloc not in ("", "localhost"):
+            raise WeightsError(f"file:// sources must be absolute local paths, got {model.source!r}")
+        return Path(unquote(parsed.path))
+    if model.scheme == "pvc":
+        claim, path = pvc_claim_and_path(model.source)
+        return (source_root or Path(SOURCE_MOUNT)) / claim / path
+    raise WeightsError(f"{model.scheme}:// is not a local source")
+
+
+# ------------------------------------------------------------------------- pulling
+
+
+def read_record(dest: Path) -> dict[str, Any] | None:
+    """The record of the verified weights at ``dest`` (kept in the revision folder, ``dest.parent``)."""
+    try:
+        record = json.loads((dest.parent / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("model") == dest.name else None
+
+
+def _pin(model: ModelSource) -> dict[str, Any]:
+    return {"source": model.source, "revision": model.revision, "digest": model.digest}
+
+
+def _matches(record: dict[str, Any] | None, model: ModelSource) -> bool:
+    if record is None:
+        return False
+    same = record.get("source") == model.source and record.get("revision") == model.revision
+    return same and (model.digest is None or record.get("digest") == model.digest)
+
+
+def prepull(
+    model: ModelSource,
+    dest: Path,
+    *,
+    source_root: Path | None = None,
+    token: str | None = None,
+    downloader: Downloader | None = None,
+    progress: Progress | None = None,
+) -> Pulled:
+    """Make ``dest`` hold the verified pinned weights of ``model``; raise `WeightsError` if not.
+
+    ``dest`` is the path the engine serves, ``/weights/{rev}/<model>`` in the cluster.
+    """
+    final, folder = dest, dest.parent
+    record = read_record(dest)
+    if record is not None and _matches(record, model) and final.exists():
+        return Pulled(final, str(record["digest"]), reused=True)
+    if model.scheme == "hf" and not (model.revision and COMMIT_RE.match(model.revision)):
+        raise WeightsError(f"hf:// weights are pulled only by full commit SHA, got revision {model.revision!r}")
+
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".staging-{final.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        work = staging / final.name
+        reused = _link_sibling(model, final, work)
+        if not reused:
+            _fetch(model, work, source_root, token, downloader, progress)
+        digest = _verify(model, work, progress)
+        (folder / RECORD).unlink(missing_ok=True)  # an older pin's record must not outlive its weights
+        if final.exists():
+            shutil.rmtree(final) if final.is_dir() else final.unlink()
+        work.rename(final)
+        record = {**_pin(model), "digest": digest, "model": final.name}
+        (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Pulled(final, digest, reused)
+
+
+def _link_sibling(model: ModelSource, final: Path, target: Path) -> bool:
+    """Hard-link the same pinned weights from another revision folder of the cache; True when done."""
+    for record_file in sorted(final.parent.parent.glob(f"*/{RECORD}")):
+        src = record_file.parent / final.name
+        if record_file.parent == final.parent or not src.exists() or not _matches(read_record(src), model):
+            continue
+        try:
+            _copy(src, target, link=True)
+        except OSError:  # another filesystem, or links not allowed: fetch instead
+            shutil.rmtree(target.parent, ignore_errors=True)
+            return False
+        return True
+    return False
+
+
+def _fetch(
+    model: ModelSource,
+    target: Path,
+    source_root: Path | None,
+    token: str | None,
+    downloader: Downloader | None,
+    progress: Progress | None,
+) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if model.scheme == "hf":
+        if downloader is None:
+            from huggingface_hub import snapshot_download as downloader  # heavy; only the Job needs it
+        repo = model.source.removeprefix("hf://").strip("/")
+        try:
+            downloader(repo_id=repo, revision=model.revision, local_dir=str(target), token=token)
+        except Exception as exc:  # the hub raises many types; all mean "could not fetch"
+            raise WeightsError(f"download of {repo}@{model.revision} failed: {exc}") from exc
+        return
+    src = local_source(model, source_root)
+    if not src.exists():
+        raise WeightsError(f"weights not found: {src} does not exist ({model.source})")
+    _copy(src, target, link=False, progress=progress)
+
+
+def _verify(model: ModelSource, path: Path, progress: Progress | None) -> str:
+    on_bytes = (lambda done, total: progress("verify", done, total)) if progress else None
+    if model.digest is None:  # hf:// without a pinned digest: record what the commit holds
+        return compute_digest(path, on_bytes)
+    try:
+        return verify_digest(path, model.digest, on_bytes)
+    except DigestMismatchError as exc:  # name the source, not the staging folder it was checked in
+        raise WeightsError(f"digest mismatch: {str(exc).replace(str(path), model.source)}") from None
+
+
+def _copy(src: Path, target: Path, *, link: bool, progress: Progress | None = None) -> None:
+    """Copy (or hard-link) a file or a folder tree, skipping hidden entries like the digest does."""
+    files = [src] if src.is_file() else [
+        p for p in sorted(src.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts)
+    ]
+    total, done = sum(f.stat().st_size for f in files), 0
+    for f in files:
+        out = target if src.is_file() else target / f.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if link:
+            os.link(f, out)
+        else:
+            shutil.copyfile(f, out)
+        done += f.stat().st_size
+        if progress is not None:
+            progress("copy", done, total)
+
+
+# ------------------------------------------------------------------- manifests
+
+
+def _labels(isvc: str, rev: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "folio",
+        "app.kubernetes.io/instance": isvc,
+        "app.kubernetes.io/component": "prepull",
+        "app.kubernetes.io/managed-by": "folio",
+        "serving.folio.dev/inferenceservice": isvc,
+        "serving.folio.dev/revision": rev,
+    }
+
+
+def cache_pvc_name(isvc: str) -> str:
+    return f"{isvc}-weights"
+
+
+def prepull_job_name(isvc: str, rev: str) -> str:
+    return f"{isvc}-prepull-{rev}"
+
+
+def weights_path(rev: str, model: ModelSource) -> str:
+    """The path engine pods serve: ``/weights/{rev}/<model>``."""
+    return f"{CACHE_MOUNT}/{rev}/{model_dir_name(model)}"
+
+
+def weights_pvc(
+    isvc: str,
+    namespace: str,
+    cache: CacheSpec,
+    *,
+    access_modes: tuple[str, ...] = ("ReadWriteOnce",),
+    owner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The cache PVC ``{isvc}-weights``.
+
+    ReadWriteOnce suits one node (and kind); engine replicas spread over several nodes need a
+    class that offers ReadWriteMany, passed in ``access_modes``.
+    """
+    labels = {k: v for k, v in _labels(isvc, "").items() if k != "serving.folio.dev/revision"}
+    labels["app.kubernetes.io/component"] = "cache"
+    spec: dict[str, Any] = {"accessModes": list(access_modes), "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(cache_pvc_name(isvc), namespace, labels, owner),
+        "spec": spec,
+    }
+
+
+def prepull_job(
+    isvc: str,
+    namespace: str,
+    rev: str,
+    model: ModelSource,
+    *,
+    image: str,
+    owner: dict[str, Any] | None = None,
+    backoff_limit: int = 2,
+) -> dict[str, Any]:
+    """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it.
+
+    ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
+    InferenceService, so the Job goes with it.
+    """
+    args = ["--source", model.source, "--dest", weights_path(rev, model)]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.digest:
+        args += ["--digest", model.digest]
+    mounts: list[dict[str, Any]] = [{"name": "weights", "mountPath": CACHE_MOUNT}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(isvc)}}
+    ]
+    if model.scheme == "pvc":
+        claim, _ = pvc_claim_and_path(model.source)
+        mounts.append({"name": "source", "mountPath": f"{SOURCE_MOUNT}/{claim}", "readOnly": True})
+        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if model.credentials_secret_ref is not None:  # the token reaches this Job only, as an env var
+        ref = model.credentials_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    container = {
+        "name": "prepull",
+        "image": image,
+        "command": ["python", "-m", "folio.operator.prepull"],
+        "args": args,
+        "env": env,
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+    }
+    labels = _labels(isvc, rev)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(prepull_job_name(isvc, rev), namespace, labels, owner),
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
+            },
+        },
+    }
+
+
+def _metadata(name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+# --------------------------------------------------------------------- entry point
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m folio.operator.prepull",
+        description="Fetch a revision's pinned weights into DEST/<model> and verify them.",
+    )
+    p.add_argument("--source", required=True, help="hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH")
+    p.add_argument("--revision", help="hf:// only: the full 40-hex commit SHA")
+    p.add_argument("--digest", help="sha256:… the weights must have (required for pvc:// and file://)")
+    p.add_argument("--dest", required=True, type=Path, help="where the weights go: /weights/REV/<model>")
+    p.add_argument("--source-root", type=Path, default=None, help="where pvc:// claims are mounted (/source)")
+    p.add_argument("--termination-log", type=Path, default=Path(TERMINATION_LOG), help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.digest is not None and not DIGEST_RE.match(args.digest):
+            raise WeightsError(f"malformed --digest {args.digest!r}: expected sha256: and 64 lowercase hex")
+        model = ModelSource(source=args.source, revision=args.revision, digest=args.digest)
+    except (ValueError, WeightsError) as exc:
+        return _finish(args, 2, f"invalid pin: {exc}")
+    try:
+        with ProgressBar(args.quiet) as progress:
+            pulled = prepull(
+                model, args.dest, source_root=args.source_root, token=os.environ.get("HF_TOKEN"),
+                progress=progress,
+            )
+    except (WeightsError, OSError, ValueError) as exc:
+        return _finish(args, 1, str(exc))
+    how = "already in the cache" if pulled.reused else "pulled and verified"
+    print(f"{pulled.path}: {how}, {pulled.digest}")
+    return _finish(args, 0, pulled.digest)
+
+
+def _finish(args: argparse.Namespace, code: int, message: str) -> int:
+    """Report on stdout/stderr and, inside a pod, as the termination message the operator reads."""
+    if code:
+        print(f"prepull: {message}", file=sys.stderr)
+    log: Path = args.termination_log
+    if log.exists():  # the kubelet creates it in every container; elsewhere it is absent
+        with contextlib.suppress(OSError):  # not writable: stdout and stderr said it already
+            log.write_text(message[:4000])  # the kubelet keeps at most 4 KiB
+    return code
+
+
+class ProgressBar:
+    """A rich progress bar per stage (download/copy/verify), or nothing when quiet."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: Any = None
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Progress | None:
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        self.bar.start()
+        return self._update
+
+    def _update(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.bar.add_task(stage, total=total)
+        self.bar.update(self.tasks[stage], completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The router's HTTP face: its own /health, /ready, /metrics, and the OpenAI pass-through.
+
+Served by aiohttp on both sides: its C parser and its habit of sending headers together with the
+first body chunk halve the per-request cost against uvicorn + h11 (see bench/router.py), and
+every microsecond here is added to every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+import aiohttp
+from aiohttp import web
+
+from folio.operator.router.config import RouterConfig
+from folio.operator.router.errors import error_response
+from folio.operator.router.health import HealthChecker
+from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyRequest
+from folio.operator.router.sources import ConfigSource
+from folio.operator.router.state import RoutingState
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# path -> (method, may be mirrored to the canary, follows the weighted split)
+PROXIED: dict[str, tuple[str, bool, bool]] = {
+    "/v1/completions": ("POST", True, True),
+    "/v1/chat/completions": ("POST", True, True),
+    "/v1/models": ("GET", False, False),  # the same answer from every revision: ask stable
+}
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class RouterApp:
+    """One InferenceService's router: config source, health checks and proxy behind an aiohttp app."""
+
+    def __init__(
+        self,
+        isvc: str,
+        source: ConfigSource,
+        *,
+        api_keys: Iterable[str] = (),
+        health_path: str = "/health",
+        health_interval: float = 2.0,
+        health_timeout: float = 2.0,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 600.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.isvc = isvc
+        self.max_body_bytes = max_body_bytes
+        self.source = source
+        self.metrics = RouterMetrics(isvc)
+        self.state = RoutingState(self.metrics, api_keys)
+        self._health_opts = {"path": health_path, "interval": health_interval, "timeout": health_timeout}
+        self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
+        self._session: aiohttp.ClientSession | None = None
+        self._proxy: Proxy | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def web_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        for path, (method, mirror, use_split) in PROXIED.items():
+            app.router.add_route("*", path, self._proxied(method, mirror, use_split))
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        app.on_startup.append(lambda _: self.startup())
+        app.on_cleanup.append(lambda _: self.shutdown())
+        return app
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    async def startup(self) -> None:
+        self._session = aiohttp.ClientSession(
+            # No pool limit (the engines queue for themselves); idle connections are dropped before
+            # a uvicorn upstream's 5 s keep-alive closes them, so a reused connection is never dead.
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+            auto_decompress=False,  # relay bytes exactly as the upstream encoded them
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+        )
+        self._proxy = Proxy(self.state, self.metrics, self._session, **self._timeouts)
+        health = HealthChecker(self._session, self.state.balancer.replicas, **self._health_opts)
+        self._tasks = [
+            asyncio.create_task(self._run_source(), name="router-config"),
+            asyncio.create_task(health.run(), name="router-health"),
+        ]
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._proxy is not None:
+            await self._proxy.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run_source(self) -> None:
+        try:
+            await self.source.run(self.apply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a source bug must show, not silently freeze the config
+            log.exception("config source %s stopped", type(self.source).__name__)
+            raise
+
+    def apply(self, config: RouterConfig) -> None:
+        self.state.apply(config)
+
+    # ----------------------------------------------------------------------------- handlers
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        ready, reason = self.state.ready()
+        return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return error_response(404, f"no route for {request.path}", code="not_found")
+
+    def _proxied(self, method: str, mirror: bool, use_split: bool) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            assert self._proxy is not None, "the router has not started"
+            try:
+                proxy_request = await self._admit(request, method, mirror, use_split)
+            except RequestError as exc:
+                headers = {"Allow": method} if exc.status == 405 else None
+                if exc.status == 401:
+                    headers = {"WWW-Authenticate": "Bearer"}
+                return error_response(exc.status, str(exc), code=exc.code, headers=headers)
+            # A client that leaves cancels this handler (handler_cancellation), which closes the
+            # upstream connection with it, so the engine stops generating for nobody.
+            return await self._proxy.forward(proxy_request, request)
+
+        return handle
+
+    async def _admit(self, request: web.Request, method: str, mirror: bool, use_split: bool) -> ProxyRequest:
+        """Check the request before it costs an upstream anything."""
+        if request.method != method:
+            raise RequestError(405, f"{request.path} accepts {method} only", "method_not_allowed")
+        if not self.state.api_keys.allows(request.headers.get("Authorization")):
+            raise RequestError(
+                401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "invalid_api_key"
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestError(
+                413, f"request body is larger than {self.max_body_bytes} bytes", "body_too_large"
+            ) from None
+        if method == "POST":
+            _check_json_object(body)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
+        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split)
+
+
+def _check_json_object(body: bytes) -> None:
+    if not body:
+        raise RequestError(400, "request body is empty; expected a JSON object", "invalid_json")
+    try:
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(parsed, dict):
+        raise RequestError(
+            400, f"request body must be a JSON object, got {type(parsed).__name__}", "invalid_json"
+        )

@@ -1,0 +1,117 @@
+"""The router's view of the world: which revisions get traffic and where their replicas are.
+
+Every source (a JSON file, an in-process object, the Kubernetes API) produces a `RouterConfig`;
+the router swaps it in whole, so a request always sees one consistent snapshot. The wire form is
+the JSON documented in the design (camelCase keys); unknown keys are ignored so that a newer
+writer never takes an older router down.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+# Not a revision: the label under which overflow attempts are counted in the metrics.
+OVERFLOW = "overflow"
+
+
+class ConfigError(ValueError):
+    """A router config that cannot be used; the message says which field and why."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+def _base_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+    return url.rstrip("/")
+
+
+class TrafficTarget(_Wire):
+    revision: str = Field(min_length=1)
+    weight: int = Field(ge=0, le=100)
+
+
+class Overflow(_Wire):
+    url: str
+    api_key: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        # Requests keep their /v1/... path, so a base given as ".../v1" loses that suffix here.
+        url = _base_url(url)
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Shadow(_Wire):
+    percent: float = Field(default=0.0, ge=0.0, le=100.0)
+
+
+class RouterConfig(_Wire):
+    traffic: list[TrafficTarget] = Field(default_factory=list)
+    endpoints: dict[str, list[str]] = Field(default_factory=dict)
+    stable: str | None = None
+    # Where shadow copies go; defaults to the first revision in traffic other than stable.
+    canary: str | None = None
+    overflow: Overflow | None = None
+    shadow: Shadow | None = None
+    api_keys: list[str] | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, endpoints: dict[str, list[str]]) -> dict[str, list[str]]:
+        return {rev: list(dict.fromkeys(_base_url(u) for u in urls)) for rev, urls in endpoints.items()}
+
+    @model_validator(mode="after")
+    def _unique(self) -> RouterConfig:
+        names = [t.revision for t in self.traffic]
+        if len(names) != len(set(names)):
+            raise ValueError(f"traffic lists a revision more than once: {names}")
+        return self
+
+    @property
+    def stable_revision(self) -> str | None:
+        """The retry target: `stable` when given, else the revision with the highest weight."""
+        if self.stable:
+            return self.stable
+        if not self.traffic:
+            return None
+        return max(self.traffic, key=lambda t: t.weight).revision  # first wins a tie
+
+    @property
+    def canary_revision(self) -> str | None:
+        if self.canary:
+            return self.canary
+        stable = self.stable_revision
+        return next((t.revision for t in self.traffic if t.revision != stable), None)
+
+    @property
+    def shadow_fraction(self) -> float:
+        return self.shadow.percent / 100.0 if self.shadow else 0.0
+
+    def to_json(self) -> str:
+        """The wire form (what `FileSource` reads), for writers such as the local runtime."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:
+        """Validate a config given as JSON text or a dict; raises `ConfigError` with a readable message."""
+        try:
+            raw = json.loads(data) if isinstance(data, str | bytes) else data
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"router config is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"router config must be a JSON object, got {type(raw).__name__}")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid router config: {problems}") from exc

@@ -1,0 +1,305 @@
+"""Forwarding one request: pick a revision and replica, retry to stable, overflow, mirror, relay.
+
+Only a failure before the first byte can be retried: after that the client has the status line.
+Every upstream attempt is counted once, under the revision that answered (or failed to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from folio.operator.router.balancer import Replica
+from folio.operator.router.config import OVERFLOW, Overflow
+from folio.operator.router.errors import error_response
+from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.state import RoutingState
+
+log = logging.getLogger(__name__)
+
+_HOP_BY_HOP = {
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+    "transfer-encoding", "upgrade",
+}  # fmt: skip
+# The router's own credentials never travel upstream; aiohttp computes the length itself.
+DROP_REQUEST_HEADERS = frozenset({*_HOP_BY_HOP, "host", "content-length", "authorization", "expect"})
+# The router's server writes its own date and server headers.
+_DROP_RESPONSE_HEADERS = frozenset({*_HOP_BY_HOP, "date", "server"})
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+NO_UPSTREAM_RETRY_AFTER = "2"
+WHOLE_BODY_MAX = 256 * 1024  # answers up to this size with a known length are relayed in one piece
+
+
+@dataclass
+class ProxyRequest:
+    method: str
+    path: str  # with the query string
+    headers: list[tuple[str, str]]  # already stripped of hop-by-hop and auth headers
+    body: bytes
+    mirror: bool = False  # may be shadowed to the canary
+    use_split: bool = True  # False: always the stable revision (e.g. /v1/models)
+
+
+@dataclass
+class Failure:
+    """An attempt whose answer is not relayed (yet): kept in case it is the last one."""
+
+    code: str
+    status: int | None = None
+    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
+    body: bytes = b""
+    reason: str = ""
+
+    @property
+    def busy(self) -> bool:
+        return self.status in (429, 503)
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status >= 500
+
+
+class Proxy:
+    def __init__(
+        self,
+        state: RoutingState,
+        metrics: RouterMetrics,
+        session: aiohttp.ClientSession,
+        *,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 600.0,
+        shadow_limit: int = 64,
+    ) -> None:
+        self.state = state
+        self.metrics = metrics
+        self._session = session
+        # sock_read bounds the wait for headers and between chunks: a long generation is fine
+        # as long as it keeps streaming or answers within the limit.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
+        self._shadow_limit = shadow_limit
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
+
+    async def forward(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
+        state = self.state
+        config, balancer = state.config, state.balancer
+        stable = config.stable_revision
+        primary = state.split.choose() if req.use_split else stable
+        # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
+        replica = balancer.pick(primary) or balancer.pick_any([stable], exclude=())
+        if req.mirror and replica is not None:
+            self._maybe_shadow(req, replica.revision)
+
+        tried: list[Replica] = []
+        retried = False
+        failure: Failure | None = None
+        while replica is not None:
+            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica)
+            if not isinstance(answer, Failure):
+                return answer
+            failure = answer
+            tried.append(replica)
+            following: Replica | None = None
+            if failure.busy and config.overflow is not None:
+                # Overflow is for when the whole local fleet is saturated: try every replica first.
+                following = balancer.pick_any([stable, primary], exclude=tried)
+            elif failure.retryable and not retried:
+                retried = True
+                following = balancer.pick(stable, exclude=tried)
+            if following is None:
+                break
+            self.metrics.retry(replica.revision, following.revision)
+            replica = following
+
+        if config.overflow is not None and (failure is None or failure.busy):
+            if failure is not None and tried:
+                self.metrics.retry(tried[-1].revision, OVERFLOW)
+            return await self._overflow(req, downstream, config.overflow)
+        if failure is None:
+            return error_response(
+                503, "no upstream replica is available", code="no_upstream",
+                headers={"Retry-After": NO_UPSTREAM_RETRY_AFTER},
+            )  # fmt: skip
+        if failure.status is not None:  # the last replica's own answer, as it sent it
+            return web.Response(status=failure.status, body=failure.body, headers=failure.headers)
+        return error_response(502, f"upstream unreachable: {failure.reason}", code="upstream_unreachable")
+
+    async def _overflow(
+        self, req: ProxyRequest, downstream: web.Request, overflow: Overflow
+    ) -> web.StreamResponse:
+        headers = list(req.headers)
+        if overflow.api_key:
+            headers.append(("Authorization", f"Bearer {overflow.api_key}"))
+        answer = await self._attempt(
+            req, downstream, overflow.url, OVERFLOW, None, headers=headers, relay_any=True
+        )
+        if isinstance(answer, Failure):
+            return error_response(502, f"overflow unreachable: {answer.reason}", code="upstream_unreachable")
+        return answer
+
+    async def _attempt(
+        self,
+        req: ProxyRequest,
+        downstream: web.Request,
+        base_url: str,
+        revision: str,
+        replica: Replica | None,
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        relay_any: bool = False,
+    ) -> web.StreamResponse | Failure:
+        """One upstream try: the relayed response, or why there is none to relay."""
+        metrics = self.metrics
+        if replica is not None:
+            replica.in_flight += 1
+        metrics.attempt_started(revision)
+        started = perf_counter()
+        code: str | None = None
+        try:
+            try:
+                resp = await self._session.request(
+                    req.method, base_url + req.path, data=req.body or None,
+                    headers=req.headers if headers is None else headers,
+                    timeout=self._timeout, allow_redirects=False,
+                )  # fmt: skip
+            except _UPSTREAM_ERRORS as exc:
+                code = "error"
+                if replica is not None and isinstance(exc, aiohttp.ClientConnectorError):
+                    replica.mark_down(f"connect failed: {exc}")  # the health checks bring it back
+                return Failure("error", reason=f"{type(exc).__name__}: {exc}".rstrip(": "))
+            code = str(resp.status)
+            if not relay_any and (resp.status >= 500 or resp.status == 429):
+                return await _failure(resp, revision)
+            try:
+                relayed = await self._relay(resp, revision, started, downstream)
+            except BaseException:
+                resp.close()  # drop the connection so the engine sees the client leave and aborts
+                raise
+            resp.release()
+            return relayed
+        finally:
+            if replica is not None:
+                replica.in_flight -= 1
+            if code is None:  # the client left before the upstream answered: no outcome to count
+                metrics.attempt_abandoned(revision)
+            else:
+                metrics.attempt_finished(revision, code, perf_counter() - started)
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, revision: str, started: float, downstream: web.Request
+    ) -> web.StreamResponse:
+        headers = _relayed_headers(resp)
+        headers["X-Folio-Revision"] = revision
+        length = resp.content_length
+        if length is not None and length <= WHOLE_BODY_MAX and resp.content_type != "text/event-stream":
+            # A complete, small answer (a non-streaming completion arrives all at once) goes out
+            # in one write rather than headers and body apart: a send is the router's costliest call.
+            try:
+                body = await resp.read()
+            except _UPSTREAM_ERRORS as exc:
+                log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
+                return error_response(502, f"upstream {revision} broke off its answer", code="upstream_error")
+            self.metrics.first_byte(revision, perf_counter() - started)
+            headers.popall("Content-Length", None)  # set again from the body
+            return web.Response(status=resp.status, reason=resp.reason, body=body, headers=headers)
+        out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
+        await out.prepare(downstream)
+        chunks = resp.content.iter_any()  # whatever has arrived: never wait to fill a buffer
+        first = True
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except _UPSTREAM_ERRORS as exc:
+                # Too late to retry or change the status: cut the client off, so that it sees a
+                # broken response rather than a complete-looking truncated one.
+                log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
+                _drop(downstream)
+                return out
+            if first:
+                self.metrics.first_byte(revision, perf_counter() - started)
+                first = False
+            if not await _write(out, chunk, resp):
+                return out
+        await _write(out, None, resp)
+        return out
+
+    # ------------------------------------------------------------------------------- shadow
+
+    def _maybe_shadow(self, req: ProxyRequest, primary: str) -> None:
+        config = self.state.config
+        canary = config.canary_revision
+        fraction = config.shadow_fraction
+        if canary is None or canary == primary or fraction <= 0.0 or random.random() >= fraction:
+            return
+        if len(self._shadow_tasks) >= self._shadow_limit:
+            return  # mirroring must never pile up behind a slow canary
+        replica = self.state.balancer.pick(canary)
+        if replica is None:
+            return
+        task = asyncio.create_task(self._shadow(req, replica))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _shadow(self, req: ProxyRequest, replica: Replica) -> None:
+        replica.in_flight += 1
+        started = perf_counter()
+        try:
+            async with self._session.request(
+                req.method, replica.url + req.path, data=req.body or None,
+                headers=[*req.headers, ("X-Folio-Shadow", "1")], timeout=self._timeout,
+            ) as resp:  # fmt: skip
+                async for _ in resp.content.iter_any():
+                    pass
+                code = str(resp.status)
+        except _UPSTREAM_ERRORS:
+            code = "error"
+        finally:
+            replica.in_flight -= 1
+        self.metrics.shadowed(replica.revision, code, perf_counter() - started)
+
+    async def close(self) -> None:
+        for task in list(self._shadow_tasks):
+            task.cancel()
+        await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
+
+
+async def _write(out: web.StreamResponse, chunk: bytes | None, resp: aiohttp.ClientResponse) -> bool:
+    """Pass a chunk on (None: end the response); False when the client has gone."""
+    try:
+        await (out.write_eof() if chunk is None else out.write(chunk))
+    except ConnectionError:
+        resp.close()  # drop the upstream too, so the engine aborts the request
+        return False
+    return True
+
+
+async def _failure(resp: aiohttp.ClientResponse, revision: str) -> Failure:
+    try:
+        body = await resp.read()  # error answers are small
+    except _UPSTREAM_ERRORS:
+        body = b""
+    finally:
+        resp.release()
+    headers = _relayed_headers(resp)
+    headers.popall("Content-Length", None)  # web.Response sets it from the body
+    headers["X-Folio-Revision"] = revision
+    return Failure(str(resp.status), resp.status, headers, body, reason=f"HTTP {resp.status}")
+
+
+def _drop(downstream: web.Request) -> None:
+    if downstream.transport is not None:
+        downstream.transport.close()
+
+
+def _relayed_headers(resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS)

@@ -1,0 +1,49 @@
+"""The routing state a config turns into: split, replica pools, auth keys, weight gauges."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from folio.operator.router.auth import ApiKeys
+from folio.operator.router.balancer import Balancer
+from folio.operator.router.config import RouterConfig
+from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.split import WeightedSplit
+
+log = logging.getLogger(__name__)
+
+
+class RoutingState:
+    def __init__(self, metrics: RouterMetrics, static_keys: Iterable[str] = ()) -> None:
+        self.metrics = metrics
+        self.config = RouterConfig()
+        self.split = WeightedSplit(())
+        self.balancer = Balancer()
+        self._static_keys = list(static_keys)
+        self.api_keys = ApiKeys(self._static_keys)
+        self.loaded = False  # a source has delivered at least one config
+
+    def apply(self, config: RouterConfig) -> None:
+        """Swap in a new config; the next request already follows it."""
+        old = self.config
+        weights = [(t.revision, t.weight) for t in config.traffic]
+        if not self.loaded or weights != [(t.revision, t.weight) for t in old.traffic]:
+            # A fresh split restarts the interleaving; keeping the old one would bias the next picks.
+            self.split = WeightedSplit(weights)
+            self.metrics.set_weights(dict(weights))
+            log.info("traffic: %s", ", ".join(f"{r}={w}" for r, w in weights) or "(none)")
+        self.balancer.update(config.endpoints)
+        if config.api_keys != old.api_keys or not self.loaded:
+            self.api_keys = ApiKeys([*self._static_keys, *(config.api_keys or [])])
+        self.config = config
+        self.loaded = True
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.loaded:
+            return False, "no traffic config yet"
+        if not self.split.weights:
+            return False, "no revision has a positive traffic weight"
+        if not self.balancer.ready_count():
+            return False, "no ready endpoint"
+        return True, "ok"

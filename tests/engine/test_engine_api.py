@@ -1,0 +1,132 @@
+"""The engine API: bad input is a clear ValueError that leaves nothing behind; abort; digests; stepping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from folio.engine import LLM, SamplingParams
+from folio.engine.config import EngineConfig
+from folio.engine.digest import DigestMismatchError, compute_digest
+from folio.engine.llm_engine import LLMEngine
+from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama: Path) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(tiny_llama), max_model_len=256, kv_cache_memory_gib=0.00005))
+
+
+def assert_idle(engine: LLMEngine) -> None:
+    assert not engine.has_unfinished_requests()
+    assert engine.stats().kv_cache_usage == 0.0
+
+
+def test_prompt_longer_than_max_model_len(engine: LLMEngine) -> None:
+    with pytest.raises(ValueError, match=r"prompt has 300 tokens but max_model_len is 256"):
+        engine.add_request("long", [5] * 300, GREEDY)
+    assert_idle(engine)
+
+
+def test_request_that_can_never_fit_the_kv_cache(engine: LLMEngine) -> None:
+    capacity = engine.block_manager.num_blocks * engine.block_manager.block_size
+    assert capacity == 96  # 6 blocks of 16 tokens in 0.00005 GiB
+    with pytest.raises(ValueError, match=rf"holds only {capacity} tokens"):
+        engine.add_request("huge", [5] * 50, SamplingParams(max_tokens=100))
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [([], "empty"), ([5, 512], r"\[0, 512\), got 512"), ([5, -1], "got -1")],
+)
+def test_bad_prompts(engine: LLMEngine, prompt: list[int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        engine.add_request("bad", prompt, GREEDY)
+    assert_idle(engine)
+
+
+def test_duplicate_request_id_and_n(engine: LLMEngine) -> None:
+    engine.add_request("dup", [5, 6, 7], GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("dup", [5, 6, 7], GREEDY)
+    with pytest.raises(ValueError, match="n=2"):
+        engine.add_request("many", [5, 6, 7], SamplingParams(n=2))
+    engine.abort_request("dup")
+    assert_idle(engine)
+
+
+def test_abort_frees_blocks(engine: LLMEngine) -> None:
+    engine.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.step()
+    assert engine.stats().kv_cache_usage > 0 and engine.stats().num_running == 1
+    engine.abort_request("a")
+    engine.abort_request("unknown")  # a no-op
+    assert_idle(engine)
+
+
+def test_step_outputs_are_cumulative(engine: LLMEngine) -> None:
+    engine.add_request("s", "naïve café 日本語 😀", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    seen = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id == "s" and out.prompt == "naïve café 日本語 😀"
+            assert out.first_token_time is not None and out.first_token_time >= out.arrival_time
+            seen.append(out)
+    assert [len(o.outputs[0].token_ids) for o in seen] == list(range(1, 13))
+    assert [o.finished for o in seen] == [False] * 11 + [True]
+    for o in seen:
+        assert not o.outputs[0].text.endswith("\ufffd")
+    assert_idle(engine)
+
+
+def test_generate_with_one_bad_prompt_schedules_nothing(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=64)
+    with pytest.raises(ValueError, match="max_model_len is 64"):
+        llm.generate([[5, 6], [7] * 100], GREEDY)
+    assert_idle(llm.llm_engine)
+    assert len(llm.generate([[5, 6]], GREEDY)[0].outputs[0].token_ids) == 8
+
+
+def test_digest_checked_before_loading(tiny_llama: Path) -> None:
+    good = compute_digest(tiny_llama)
+    LLMEngine(EngineConfig(model=str(tiny_llama), digest=good, kv_cache_memory_gib=0.001))
+    with pytest.raises(DigestMismatchError, match="do not match the pinned digest"):
+        LLMEngine(EngineConfig(model=str(tiny_llama), digest="sha256:" + "0" * 64))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dtype": "float8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"block_size": 12}, "block_size"),
+        ({"kv_cache_memory_gib": 0}, "kv_cache_memory_gib"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+    ],
+)
+def test_bad_engine_config(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(model="unused", **kwargs)
+
+
+def test_max_model_len_above_the_model_limit(tiny_llama: Path) -> None:
+    with pytest.raises(ValueError, match="max_model_len 4096 exceeds the model's max_position_embeddings 1024"):
+        LLMEngine(EngineConfig(model=str(tiny_llama), max_model_len=4096))
+
+
+def test_detokenizer_never_splits_multibyte_characters(engine: LLMEngine) -> None:
+    tok = engine.tokenizer
+    text = "naïve café — ünïcödé 日本語 テキスト 😀 emoji ✓"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len(ids) > len(text.split())  # multi-byte characters span several tokens
+    detok = IncrementalDetokenizer(tok, [])
+    pieces = []
+    for t in ids:
+        pieces.append(detok.add(t))
+        assert not detok.text.endswith("\ufffd")
+    assert "".join(pieces) == detok.text == text

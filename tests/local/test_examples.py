@@ -1,0 +1,28 @@
+"""The sample manifests in examples/ stay valid as the spec evolves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from folio.operator.local.common import load_manifest
+from folio.operator.local.runtime import check_manifest
+from folio.operator.spec import revision_name
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_is_a_valid_inferenceservice(path: Path) -> None:
+    manifest = load_manifest(path)
+    if manifest.spec.model.scheme == "file":
+        check_manifest(manifest)  # what `folio up` checks on top of the schema
+
+
+def test_faulty_example_is_a_new_revision_of_the_local_one() -> None:
+    local, faulty = (
+        load_manifest(EXAMPLES[0].with_name(n)) for n in ("smollm2-local.yaml", "smollm2-faulty.yaml")
+    )
+    assert local.name == faulty.name
+    assert revision_name(local.spec) != revision_name(faulty.spec)

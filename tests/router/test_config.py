@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from folio.operator.router.config import ConfigError, RouterConfig
+
+EXAMPLE = """{"traffic": [{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}],
+  "endpoints": {"r1": ["http://127.0.0.1:9001/"], "r2": ["http://127.0.0.1:9002"]},
+  "overflow": {"url": "https://api.example.com/v1", "apiKey": "sk"},
+  "shadow": {"percent": 5}, "apiKeys": ["k"], "futureField": 1}"""
+
+
+def test_documented_example_parses() -> None:
+    cfg = RouterConfig.parse(EXAMPLE)
+    assert [(t.revision, t.weight) for t in cfg.traffic] == [("r1", 90), ("r2", 10)]
+    assert cfg.endpoints == {"r1": ["http://127.0.0.1:9001"], "r2": ["http://127.0.0.1:9002"]}
+    assert cfg.stable_revision == "r1"  # highest weight when not given
+    assert cfg.canary_revision == "r2"
+    assert cfg.overflow is not None and cfg.overflow.url == "https://api.example.com"
+    assert cfg.overflow.api_key == "sk"
+    assert cfg.shadow_fraction == 0.05
+    assert cfg.api_keys == ["k"]
+
+
+def test_wire_form_round_trips() -> None:
+    cfg = RouterConfig.parse(EXAMPLE)
+    assert RouterConfig.parse(cfg.to_json()) == cfg
+    assert '"apiKey":"sk"' in cfg.to_json() and '"apiKeys":["k"]' in cfg.to_json()
+
+
+def test_explicit_stable_and_canary() -> None:
+    cfg = RouterConfig.parse(
+        {"traffic": [{"revision": "a", "weight": 30}, {"revision": "b", "weight": 70}], "stable": "a"}
+    )
+    assert cfg.stable_revision == "a" and cfg.canary_revision == "b"
+    assert RouterConfig.parse({"canary": "c"}).canary_revision == "c"
+    assert RouterConfig().stable_revision is None and RouterConfig().canary_revision is None
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{", "not valid JSON"),
+        ("[]", "must be a JSON object"),
+        ('{"traffic": [{"revision": "a", "weight": 101}]}', "traffic.0.weight"),
+        ('{"traffic": [{"revision": "a", "weight": 1}, {"revision": "a", "weight": 2}]}', "more than once"),
+        ('{"endpoints": {"a": ["127.0.0.1:9000"]}}', "must start with http://"),
+        ('{"shadow": {"percent": -1}}', "shadow.percent"),
+        ('{"traffic": "a"}', "traffic"),
+    ],
+)
+def test_bad_configs_say_what_is_wrong(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="router config") as info:
+        RouterConfig.parse(text)
+    assert fragment in str(info.value)

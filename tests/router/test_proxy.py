@@ -1,0 +1,374 @@
+"""End to end through a real router (uvicorn, in this event loop) to fake engines on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.router.conftest import RouterFactory
+from tests.router.upstreams import FakeUpstream, dead_url, serving
+
+
+def _openai_error(resp: httpx.Response) -> dict[str, object]:
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert {"message", "type", "param", "code"} <= set(body["error"])
+    return body["error"]
+
+
+async def test_split_follows_weights_end_to_end(router: RouterFactory) -> None:
+    r1, r2 = FakeUpstream("r1"), FakeUpstream("r2")
+    async with (
+        serving(r1, r2),
+        router(
+            traffic=[{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}],
+            endpoints={"r1": [r1.url], "r2": [r2.url]},
+        ) as r,
+    ):
+        served = Counter()
+        for _ in range(200):
+            resp = await r.complete()
+            assert resp.status_code == 200
+            served[resp.json()["served_by"]] += 1
+            assert resp.headers["x-folio-revision"] == resp.json()["served_by"]
+        assert served == {"r1": 180, "r2": 20}
+        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 180
+        assert r.metric("folio_router_requests_total", revision="r2", code="200") == 20
+        assert r.metric("folio_router_traffic_weight", revision="r2") == 10
+        assert r.metric("folio_router_request_duration_seconds_count", revision="r2") == 20
+        assert r.metric("folio_router_in_flight", revision="r1") == 0
+
+
+async def test_pass_through_keeps_path_query_headers_and_body(router: RouterFactory) -> None:
+    up = FakeUpstream("r1")
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+        resp = await r.client.post("/v1/chat/completions?x=1", json=body, headers={"X-Request-Id": "abc"})
+        assert resp.status_code == 200
+        assert up.seen[-1].path == "/v1/chat/completions?x=1"
+        assert json.loads(up.seen[-1].body) == body
+        assert up.seen[-1].headers["X-Request-Id"] == "abc"
+        models = await r.client.get("/v1/models")
+        assert models.status_code == 200 and models.json()["data"][0]["owned_by"] == "r1"
+
+
+async def test_canary_refusing_connections_costs_no_errors(router: RouterFactory) -> None:
+    stable = FakeUpstream("r1")
+    async with (
+        serving(stable),
+        router(
+            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}],
+            endpoints={"r1": [stable.url], "r2": [dead_url()]},
+        ) as r,
+    ):
+        statuses = [(await r.complete()).status_code for _ in range(20)]
+        assert statuses == [200] * 20
+        assert len(stable.seen) == 20
+        failed = r.metric("folio_router_requests_total", revision="r2", code="error")
+        assert failed >= 1  # after the first refusal the replica is out of rotation until it answers
+        assert r.metric("folio_router_retries_total", from_revision="r2", to_revision="r1") == failed
+        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 20
+
+
+async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) -> None:
+    stable, canary = FakeUpstream("r1"), FakeUpstream("r2", status=500)
+    async with (
+        serving(stable, canary),
+        router(
+            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}],
+            endpoints={"r1": [stable.url], "r2": [canary.url]},
+        ) as r,
+    ):
+        results = [await r.complete() for _ in range(20)]
+        assert [x.status_code for x in results] == [200] * 20
+        assert {x.json()["served_by"] for x in results} == {"r1"}
+        assert len(canary.seen) == 10  # a 500 is not a dead replica: it keeps getting its share
+        assert r.metric("folio_router_requests_total", revision="r2", code="500") == 10
+        assert r.metric("folio_router_retries_total", from_revision="r2", to_revision="r1") == 10
+        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 20
+
+
+async def test_stable_500_is_relayed_after_one_retry(router: RouterFactory) -> None:
+    a, b = FakeUpstream("a", status=500), FakeUpstream("b", status=502)
+    async with (
+        serving(a, b),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [a.url, b.url]}) as r,
+    ):
+        resp = await r.complete()
+        assert resp.status_code in (500, 502)  # the last attempt's own answer, as the replica sent it
+        assert "failed" in _openai_error(resp)["message"]
+        assert len(a.seen) + len(b.seen) == 2
+        assert r.metric("folio_router_retries_total", from_revision="r1", to_revision="r1") == 1
+
+
+async def test_streaming_is_relayed_as_it_arrives(router: RouterFactory) -> None:
+    gate = asyncio.Event()
+    up = FakeUpstream("r1", gate=gate)
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        body = {"model": "m", "prompt": "hi", "stream": True}
+        async with r.client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            chunks = resp.aiter_raw()
+            first = await asyncio.wait_for(chunks.__anext__(), timeout=5)
+            # The upstream is still parked on the gate: this chunk cannot have been buffered.
+            assert not gate.is_set()
+            assert b'"n": 1' in first
+            gate.set()
+            rest = b"".join([c async for c in chunks])
+        assert rest.endswith(b"data: [DONE]\n\n")
+        assert r.metric("folio_router_time_to_first_token_seconds_count", revision="r1") == 1
+
+
+async def test_client_leaving_mid_stream_drops_the_upstream_request(router: RouterFactory) -> None:
+    gate = asyncio.Event()
+    up = FakeUpstream("r1", gate=gate)
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        async with r.client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True}) as resp:
+            await resp.aiter_raw().__anext__()
+        for _ in range(100):  # the router notices the client leave and ends its attempt
+            if r.metric("folio_router_in_flight", revision="r1") == 0:
+                break
+            await asyncio.sleep(0.02)
+        gate.set()  # the upstream writes its next chunk into a connection the router has closed
+        for _ in range(100):  # the engine sees its client go away, so it can free the sequence
+            if up.cancelled:
+                break
+            await asyncio.sleep(0.02)
+        assert up.cancelled == 1
+        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 1
+
+
+async def test_overflow_when_every_replica_is_busy(router: RouterFactory) -> None:
+    a, b, remote = FakeUpstream("a", status=429), FakeUpstream("b", status=503), FakeUpstream("remote")
+    async with (
+        serving(a, b, remote),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}],
+            endpoints={"r1": [a.url, b.url]},
+            overflow={"url": remote.url + "/v1", "apiKey": "sk-remote"},
+            apiKeys=["client-key"],
+        ) as r,
+    ):
+        resp = await r.complete(Authorization="Bearer client-key")
+        assert resp.status_code == 200 and resp.json()["served_by"] == "remote"
+        assert len(a.seen) == len(b.seen) == 1
+        assert remote.seen[-1].headers["Authorization"] == "Bearer sk-remote"  # never the client's key
+        assert remote.seen[-1].path == "/v1/completions"
+        assert r.metric("folio_router_requests_total", revision="r1", code="429") == 1
+        assert r.metric("folio_router_requests_total", revision="r1", code="503") == 1
+        assert r.metric("folio_router_requests_total", revision="overflow", code="200") == 1
+        a.status = 200
+        resp = await r.complete(Authorization="Bearer client-key")
+        assert resp.json()["served_by"] in ("a", "remote")  # b still busy; a serves again
+
+
+async def test_busy_without_overflow_relays_the_answer(router: RouterFactory) -> None:
+    up = FakeUpstream("r1", status=429)
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        resp = await r.complete()
+        assert resp.status_code == 429
+        _openai_error(resp)
+
+
+async def test_shadow_mirrors_to_canary_without_slowing_the_primary(router: RouterFactory) -> None:
+    stable = FakeUpstream("r1")
+    canary = FakeUpstream("r2", hold=asyncio.Event())  # the mirror never answers while we measure
+    async with (
+        serving(stable, canary),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+            endpoints={"r1": [stable.url], "r2": [canary.url]},
+            stable="r1",
+            shadow={"percent": 100},
+        ) as r,
+    ):
+        for _ in range(5):
+            resp = await r.complete()
+            assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
+        for _ in range(100):
+            if len(canary.seen) == 5:
+                break
+            await asyncio.sleep(0.02)
+        assert len(canary.seen) == 5
+        assert all(s.headers.get("X-Folio-Shadow") == "1" for s in canary.seen)
+        assert r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 0
+        canary.hold.set()
+        for _ in range(100):
+            if r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 5:
+                break
+            await asyncio.sleep(0.02)
+        assert r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 5
+        assert r.metric("folio_router_requests_total", revision="r2", code="200") == 0  # not real traffic
+
+
+async def test_shadow_percent_is_a_fraction(router: RouterFactory) -> None:
+    stable, canary = FakeUpstream("r1"), FakeUpstream("r2")
+    async with (
+        serving(stable, canary),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+            endpoints={"r1": [stable.url], "r2": [canary.url]},
+            shadow={"percent": 0},
+        ) as r,
+    ):
+        for _ in range(10):
+            await r.complete()
+        await asyncio.sleep(0.05)
+        assert canary.seen == []
+
+
+async def test_api_key_auth(router: RouterFactory) -> None:
+    up = FakeUpstream("r1")
+    async with (
+        serving(up),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}, apiKeys=["k1", "k2"]
+        ) as r,
+    ):
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k1"}):
+            resp = await r.complete(**headers)
+            assert resp.status_code == 401
+            assert _openai_error(resp)["code"] == "invalid_api_key"
+        assert up.seen == []
+        resp = await r.complete(Authorization="Bearer k2")
+        assert resp.status_code == 200
+        assert "Authorization" not in up.seen[-1].headers  # the router's keys stay with the router
+        assert (await r.client.get("/health")).status_code == 200  # probes need no key
+        assert (await r.client.get("/metrics")).status_code == 200
+
+
+async def test_malformed_requests_get_openai_4xx(router: RouterFactory) -> None:
+    up = FakeUpstream("r1")
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        bad_bodies = [b"{not json", b"[1, 2]", b"", b"\xff\xfe"]
+        for content in bad_bodies:
+            resp = await r.client.post("/v1/completions", content=content)
+            assert resp.status_code == 400, content
+            assert _openai_error(resp)["type"] == "invalid_request_error"
+        resp = await r.client.get("/v1/completions")
+        assert resp.status_code == 405 and resp.headers["allow"] == "POST"
+        _openai_error(resp)
+        resp = await r.client.post("/v1/embeddings", json={})
+        assert resp.status_code == 404
+        _openai_error(resp)
+        assert up.seen == []
+
+
+async def test_no_upstream_is_503_with_retry_after(router: RouterFactory) -> None:
+    async with router() as r:
+        resp = await r.complete()
+        assert resp.status_code == 503
+        assert int(resp.headers["retry-after"]) > 0
+        assert _openai_error(resp)["code"] == "no_upstream"
+        ready = await r.client.get("/ready")
+        assert ready.status_code == 503
+
+
+async def test_unreachable_stable_is_502(router: RouterFactory) -> None:
+    async with router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [dead_url()]}) as r:
+        resp = await r.complete()
+        assert resp.status_code == 502
+        assert _openai_error(resp)["code"] == "upstream_unreachable"
+        assert r.metric("folio_router_requests_total", revision="r1", code="error") == 1
+        # the refused replica is out of rotation now: no attempt at all, and /ready says so
+        assert (await r.complete()).status_code == 503
+        assert (await r.client.get("/ready")).status_code == 503
+
+
+async def test_weight_change_applies_to_the_next_request(router: RouterFactory) -> None:
+    r1, r2 = FakeUpstream("r1"), FakeUpstream("r2")
+    async with serving(r1, r2):
+        endpoints = {"r1": [r1.url], "r2": [r2.url]}
+        async with router(traffic=[{"revision": "r1", "weight": 100}], endpoints=endpoints) as r:
+            assert (await r.complete()).json()["served_by"] == "r1"
+            r.set(
+                traffic=[{"revision": "r1", "weight": 0}, {"revision": "r2", "weight": 100}],
+                endpoints=endpoints,
+            )
+            assert (await r.complete()).json()["served_by"] == "r2"
+            assert r.metric("folio_router_traffic_weight", revision="r1") == 0
+            assert r.metric("folio_router_traffic_weight", revision="r2") == 100
+
+
+async def test_upstream_breaking_mid_stream_breaks_the_client_stream(router: RouterFactory) -> None:
+    up = FakeUpstream("r1", break_stream=True)
+    async with (
+        serving(up),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+    ):
+        body = {"model": "m", "prompt": "hi", "stream": True}
+        received = b""
+        with pytest.raises(httpx.RemoteProtocolError):  # not a clean, complete-looking end
+            async with r.client.stream("POST", "/v1/completions", json=body) as resp:
+                async for chunk in resp.aiter_raw():
+                    received += chunk
+        assert b'"n": 1' in received and b"[DONE]" not in received
+        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 1
+
+
+async def test_fewest_in_flight_replica_gets_the_next_request(router: RouterFactory) -> None:
+    busy, idle = FakeUpstream("busy", hold=asyncio.Event()), FakeUpstream("idle")
+    async with (
+        serving(busy, idle),
+        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [busy.url, idle.url]}) as r,
+    ):
+        pending = []
+        while not busy.seen:  # park one request on `busy` (ties between idle replicas rotate)
+            pending.append(asyncio.create_task(r.complete()))
+            await asyncio.sleep(0.05)
+        idle.seen.clear()
+        for _ in range(6):  # round-robin would send half of these to `busy`
+            assert (await r.complete()).json()["served_by"] == "idle"
+        assert len(busy.seen) == 1
+        assert busy.hold is not None
+        busy.hold.set()
+        assert {(await t).status_code for t in pending} == {200}
+
+
+async def test_overflow_when_no_local_replica_exists(router: RouterFactory) -> None:
+    remote = FakeUpstream("remote")
+    async with (
+        serving(remote),
+        router(traffic=[{"revision": "r1", "weight": 100}], overflow={"url": remote.url}) as r,
+    ):
+        resp = await r.complete()
+        assert resp.status_code == 200 and resp.json()["served_by"] == "remote"
+        assert resp.headers["x-folio-revision"] == "overflow"
+        assert r.metric("folio_router_requests_total", revision="overflow", code="200") == 1
+
+
+async def test_oversized_body_is_413(router: RouterFactory) -> None:
+    up = FakeUpstream("r1")
+    async with (
+        serving(up),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}],
+            endpoints={"r1": [up.url]},
+            app_options={"max_body_bytes": 1000},
+        ) as r,
+    ):
+        resp = await r.client.post("/v1/completions", json={"prompt": "x" * 2000})
+        assert resp.status_code == 413
+        assert _openai_error(resp)["code"] == "body_too_large"
+        assert (await r.client.post("/v1/completions", json={"prompt": "x" * 100})).status_code == 200
+        assert len(up.seen) == 1

@@ -1,0 +1,169 @@
+"""A small engine that honours the engine-core contract (folio.engine.llm_engine.LLMEngine) without a
+model: byte-level tokens, a scripted or seeded output, a real block budget. It makes the server's
+fault, drain, backpressure and disconnect tests fast and exact."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from folio.engine.sampling_params import SamplingParams
+
+BOS, EOS, OFFSET = 1, 2, 3  # ids 0..2 are special; byte b is token b + OFFSET
+SCRIPT = "The quick brown fox jumps over the lazy dog, café. "
+
+
+class FakeTokenizer:
+    chat_template = "fake-chatml"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([BOS] if add_special_tokens else []) + [b + OFFSET for b in text.encode()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="ignore")
+
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = True
+    ) -> str:
+        if conversation[0]["role"] == "assistant":
+            raise ValueError("conversations must not start with an assistant turn")
+        text = "<s>" + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    rng: random.Random | None
+    out: list[int] = field(default_factory=list)
+    blocks: int = 0
+    first_token_time: float | None = None
+
+
+class FakeEngine:
+    """One token per running sequence per step; ``step_delay`` seconds per step."""
+
+    def __init__(
+        self,
+        *,
+        max_model_len: int = 256,
+        block_size: int = 4,
+        num_blocks: int = 256,
+        max_num_seqs: int = 8,
+        step_delay: float = 0.002,
+        fail_at_step: int | None = None,
+    ) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.model_config = SimpleNamespace(max_model_len=max_model_len, vocab_size=256 + OFFSET)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_num_seqs = max_num_seqs
+        self.step_delay = step_delay
+        self.fail_at_step = fail_at_step
+        self.steps = 0
+        self.waiting: list[_Seq] = []
+        self.running: dict[str, _Seq] = {}
+        self.aborted: list[str] = []  # running sequences aborted
+        self.admitted: list[str] = []  # every sequence that ever left the waiting queue
+
+    # ---------------------------------------------------------------- contract
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if request_id in self.running or any(s.request_id == request_id for s in self.waiting):
+            raise ValueError(f"duplicate request id {request_id!r}")
+        limit = self.model_config.max_model_len
+        if len(ids) + params.max_tokens > limit:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) > {limit}")
+        rng = None if params.temperature == 0 else random.Random(params.seed)
+        self.waiting.append(_Seq(request_id, ids, params, time.monotonic(), rng))
+
+    def abort_request(self, request_id: str) -> None:
+        self.waiting = [s for s in self.waiting if s.request_id != request_id]
+        if self.running.pop(request_id, None) is not None:
+            self.aborted.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+            raise RuntimeError("injected engine failure")
+        time.sleep(self.step_delay)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            need = self._blocks(len(seq.prompt_ids) + 1)
+            if self.used_blocks + need > self.num_blocks:
+                break
+            self.waiting.pop(0)
+            self.admitted.append(seq.request_id)
+            seq.blocks = need
+            self.running[seq.request_id] = seq
+        outputs = []
+        now = time.monotonic()
+        for seq in list(self.running.values()):
+            seq.out.append(self._next_token(seq))
+            seq.first_token_time = seq.first_token_time or now
+            seq.blocks = self._blocks(len(seq.prompt_ids) + len(seq.out))
+            outputs.append(self._output(seq))
+            if outputs[-1].finished:
+                del self.running[seq.request_id]
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.used_blocks / self.num_blocks,
+            num_preemptions_total=0,
+            prefix_cache_queries_total=0,
+            prefix_cache_hits_total=0,
+        )
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(s.blocks for s in self.running.values())
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _next_token(self, seq: _Seq) -> int:
+        if seq.rng is None:
+            return SCRIPT.encode()[len(seq.out) % len(SCRIPT.encode())] + OFFSET
+        return seq.rng.choice(b"abcdefghijklmnopqrstuvwxyz ") + OFFSET
+
+    def _output(self, seq: _Seq) -> RequestOutput:
+        p = seq.params
+        text = self.tokenizer.decode(seq.out)
+        finish: str | None = None
+        stop_reason: Any = None
+        for s in p.stop:
+            at = text.find(s)
+            if at >= 0:
+                text = text[: at + len(s)] if p.include_stop_str_in_output else text[:at]
+                finish, stop_reason = "stop", s
+                break
+        if finish is None and len(seq.out) >= p.max_tokens:
+            finish = "length"
+        logprobs = None
+        if p.logprobs is not None:
+            logprobs = [{t: -0.25, (t + 1) % 256 + OFFSET: -1.5, BOS: -4.0} for t in seq.out]
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=None,
+            prompt_token_ids=seq.prompt_ids,
+            outputs=[CompletionOutput(0, text, list(seq.out), finish, stop_reason, logprobs, None)],
+            finished=finish is not None,
+            arrival_time=seq.arrival,
+            first_token_time=seq.first_token_time,
+        )

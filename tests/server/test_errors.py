@@ -1,0 +1,219 @@
+"""Every way a request can be refused, in the OpenAI error shape and with the right status."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from folio.engine.server.gateway import Faults
+from tests.server.conftest import Running, serving_fake
+from tests.server.fake_engine import FakeEngine
+
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "fake", "prompt": "hi"}
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Running]:
+    """One server for the tests that only send requests it refuses."""
+    with serving_fake() as running:
+        yield running
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {**COMPLETION, "temperature": -1}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "top_p": 0}, "top_p"),
+        ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {**COMPLETION, "n": 9}, "n"),
+        ("/v1/completions", {**COMPLETION, "n": 0}, "n"),
+        ("/v1/completions", {**COMPLETION, "stop": [""]}, None),
+        ("/v1/completions", {**COMPLETION, "seed": 2**64}, "seed"),
+        ("/v1/completions", {**COMPLETION, "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 1.0}}, "logit_bias"),
+        ("/v1/completions", {**COMPLETION, "best_of": 3}, "best_of"),
+        ("/v1/completions", {**COMPLETION, "suffix": "x"}, "suffix"),
+        ("/v1/completions", {**COMPLETION, "prompt": 5}, "prompt"),
+        ("/v1/completions", {**COMPLETION, "prompt": []}, "prompt"),
+        ("/v1/completions", {**COMPLETION, "prompt": [5, 100000]}, "prompt"),
+        ("/v1/completions", {"model": "fake"}, "prompt"),
+        ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]},
+            "messages.0.role",
+        ),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "assistant", "content": "hi"}]}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {**CHAT, "stream_options": "yes"}, "stream_options"),
+    ],
+)
+def test_bad_parameters_are_400(shared: Running, path: str, body: dict[str, Any], param: str | None) -> None:
+    with shared.http() as http:
+        assert_error(http.post(path, json=body), 400, param)
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"", b'"text"', b"\xff\xfe"])
+def test_malformed_bodies_are_400(shared: Running, content: bytes) -> None:
+    with shared.http() as http:
+        response = http.post(
+            "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+        )
+        assert_error(response, 400)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt"),
+        ("/v1/completions", b'{"prompt": "hi", "stop": ["\\udfff"]}', "stop.0"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+            "messages.0.content",
+        ),
+    ],
+)
+def test_lone_surrogates_are_400(shared: Running, path: str, body: bytes, param: str) -> None:
+    """Valid JSON, but not text a tokenizer (or a UTF-8 response) can hold."""
+    with shared.http() as http:
+        response = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert "surrogate" in assert_error(response, 400, param)["message"]
+
+
+def test_over_long_prompt_states_the_context_and_the_request(shared: Running) -> None:
+    client = shared.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="fake", prompt="x" * 300, max_tokens=10)
+    message = err.value.body["message"]
+    assert "maximum context length is 256 tokens" in message
+    assert "311 tokens (301 in the prompt, 10 for the completion)" in message
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256") as err:
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "y" * 300}])
+    assert err.value.body["param"] == "messages"  # the prompt alone does not fit
+
+
+def test_engine_refusal_is_a_400(fake_server) -> None:
+    """Whatever the engine rejects in add_request reaches the client as a 400 with its message."""
+    engine = FakeEngine()
+    engine.add_request = lambda *a: (_ for _ in ()).throw(ValueError("the cache holds only 64 tokens"))  # type: ignore[method-assign]
+    with fake_server(engine=engine).http() as http:
+        error = assert_error(http.post("/v1/completions", json=COMPLETION), 400)
+    assert "64 tokens" in error["message"]
+
+
+def test_unknown_model_is_404(shared: Running) -> None:
+    client = shared.client()
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "model_not_found"
+    assert err.value.body["param"] == "model"
+
+
+def test_unknown_route_and_method_keep_the_shape(shared: Running) -> None:
+    with shared.http() as http:
+        assert_error(http.get("/v1/nope"), 404)
+        assert_error(http.get("/v1/completions"), 405)
+
+
+def test_full_queue_is_503_with_retry_after(fake_server) -> None:
+    # One sequence runs at a time: a second long stream waits, and the limit is one waiting.
+    server = fake_server(engine=FakeEngine(max_num_seqs=1, step_delay=0.01), max_queued_requests=1)
+    engine = server.app.state.server.engine
+    long = {**COMPLETION, "max_tokens": 150, "stream": True}
+    done: list[int] = []
+
+    def stream() -> None:
+        with server.http() as http, http.stream("POST", "/v1/completions", json=long) as r:
+            r.read()
+            done.append(r.status_code)
+
+    def wait_for(condition: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=stream) for _ in range(2)]
+    threads[0].start()
+    wait_for(lambda: engine.stats.num_running == 1)
+    threads[1].start()
+    wait_for(lambda: engine.stats.num_waiting == 1)
+    with server.http() as http:
+        response = http.post("/v1/completions", json=COMPLETION)
+    assert_error(response, 503)
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "server_overloaded"
+    for t in threads:
+        t.join(30)
+    assert done == [200, 200]  # the admitted ones were not hurt
+
+
+def test_injected_faults_are_500s_in_the_openai_shape(fake_server) -> None:
+    server = fake_server(faults=Faults(error_rate=1.0))
+    with server.http() as http:
+        error = assert_error(http.post("/v1/completions", json=COMPLETION), 500)
+        assert error["code"] == "fault_injected"
+        assert http.get("/health").status_code == 200  # probes are never faulted
+        assert http.get("/metrics").status_code == 200
+
+
+def test_fault_error_rate_is_a_fraction(fake_server) -> None:
+    server = fake_server(faults=Faults(error_rate=0.5, seed=1))
+    with server.http() as http:
+        codes = [
+            http.post("/v1/completions", json={**COMPLETION, "max_tokens": 1}).status_code for _ in range(40)
+        ]
+    assert set(codes) == {200, 500}
+    assert 8 <= codes.count(500) <= 32
+
+
+def test_fault_latency_delays_responses(fake_server) -> None:
+    server = fake_server(faults=Faults(latency_ms=300))
+    with server.http() as http:
+        start = time.monotonic()
+        assert http.post("/v1/completions", json={**COMPLETION, "max_tokens": 1}).status_code == 200
+        assert time.monotonic() - start >= 0.3
+        start = time.monotonic()
+        assert http.get("/health").status_code == 200
+        assert time.monotonic() - start < 0.3  # probes are not delayed
+
+
+def test_faults_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="error rate"):
+        Faults(error_rate=1.5)
+    with pytest.raises(ValueError, match="latency"):
+        Faults(latency_ms=-1)
+
+
+def test_a_dead_engine_fails_requests_and_health(fake_server) -> None:
+    server = fake_server(engine=FakeEngine(fail_at_step=3))
+    with server.http() as http:
+        error = assert_error(http.post("/v1/completions", json={**COMPLETION, "max_tokens": 20}), 503)
+        assert error["code"] == "engine_unavailable"
+        assert http.get("/health").status_code == 503
+        assert http.get("/ready").status_code == 503
+        assert_error(http.post("/v1/completions", json=COMPLETION), 503)

@@ -9,14 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from folio.engine.config import EngineConfig
     from folio.engine.llm import LLM
+    from folio.engine.llm_engine import LLMEngine
     from folio.engine.outputs import CompletionOutput, RequestOutput
     from folio.engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
 
 _LAZY = {
     "LLM": "folio.engine.llm",
+    "LLMEngine": "folio.engine.llm_engine",
+    "EngineConfig": "folio.engine.config",
     "SamplingParams": "folio.engine.sampling_params",
     "RequestOutput": "folio.engine.outputs",
     "CompletionOutput": "folio.engine.outputs",

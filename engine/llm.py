@@ -44,9 +44,9 @@ class LLM:
         engine = self.llm_engine
         # (request index, completion index) of each engine request
         where: dict[str, tuple[int, int]] = {}
+        bases = [str(next(self._ids)) for _ in prompt_list]
         try:
-            for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
-                base = str(next(self._ids))
+            for i, (prompt, params, base) in enumerate(zip(prompt_list, params_list, bases, strict=True)):
                 for j, sub_id, sub_params in _fan_out(base, params):
                     engine.add_request(sub_id, prompt, sub_params)
                     where[sub_id] = (i, j)
@@ -65,7 +65,7 @@ class LLM:
                 completion.index = j
                 completions[i][j] = completion
                 if results[i] is None:
-                    results[i] = dataclasses.replace(out, request_id=str(i))
+                    results[i] = dataclasses.replace(out, request_id=bases[i])
         final: list[RequestOutput] = []
         for i, res in enumerate(results):
             assert res is not None

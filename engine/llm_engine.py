@@ -1,6 +1,7 @@
 """The engine: requests in, one scheduler step at a time, cumulative outputs back.
 
-Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls it.
+Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. CUDA graphs
+are not implemented yet, so `EngineConfig.enforce_eager` changes nothing (every step runs eagerly).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
         model_config.max_model_len = _max_model_len(config, model_config)
         self.model_config: ModelConfig = model_config
-        torch.manual_seed(config.seed)
         model = load_model(
             config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest
         )

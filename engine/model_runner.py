@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 
 import torch
 
@@ -13,12 +12,10 @@ from folio.engine.models.llama import LlamaForCausalLM
 from folio.engine.sampler import Sampler, SampleResult
 from folio.engine.scheduler import ScheduledSeq
 
-log = logging.getLogger(__name__)
-
 # CPU decode attention pads each sequence's keys to the longest in its batch; splitting the decodes into
 # a few buckets of similar length cuts that padding at the cost of a few more (cheap) calls.
-_MAX_DECODE_BUCKETS = 4
-_MIN_DECODE_BUCKET = 8
+_MAX_DECODE_BUCKETS = 16
+_MIN_DECODE_BUCKET = 4
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

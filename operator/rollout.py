@@ -306,13 +306,17 @@ class _Advance:
 
     def _fail(self, rev: RevisionStatus, reason: str, message: str) -> None:
         rev.role, rev.retire_at, rev.ready_replicas = "Failed", None, 0  # the planner scales it to zero
+        evidence = None
         if rev.name == self.st.canary_revision:
+            evidence = self.st.canary.last_analysis if self.st.canary else None
             self.st.canary_revision, self.st.canary = None, None
             if rev.name in self.served:
                 message = f"{message}; traffic is back on stable revision {self.st.stable_revision}"
         if rev.name == self.st.stable_revision:
             self.st.stable_revision = None
-        failed = FailedRevision(revision=rev.name, reason=reason, at=self.at, message=message)
+        failed = FailedRevision(
+            revision=rev.name, reason=reason, at=self.at, message=message, last_analysis=evidence
+        )
         self.st.failed_revisions = [*self.st.failed_revisions, failed][-FAILED_HISTORY:]
         self._event("Warning", "RolledBack" if reason in ("AnalysisFailed", "CrashLoopBackOff") else reason, message)
 

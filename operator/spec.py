@@ -270,6 +270,7 @@ class FailedRevision(Lenient):
     reason: str
     at: str
     message: str = ""
+    last_analysis: AnalysisSample | None = None  # the figures that decided it, when an analysis did
 
 
 class RevisionStatus(Lenient):

@@ -1,9 +1,9 @@
 """Paged attention: store this step's K/V in the block cache, then attend over each sequence's context.
 
 CPU: prefill segments run one by one through `scaled_dot_product_attention` (directly on the new K/V when
-nothing is cached before them); all decode queries run as one batch over K/V gathered by block table.
-Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are folded into
-that head's query rows. CUDA: the `folio.kernels` paged kernels.
+nothing is cached before them); decode queries run in a few length buckets over K/V gathered by block
+table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are
+folded into that head's query rows. CUDA: the `folio.kernels` paged kernels.
 """
 
 from __future__ import annotations

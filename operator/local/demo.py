@@ -167,7 +167,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
     rev = applied["revision"]
     say(f"applied {manifest.name}: revision {rev} starts as a canary")
     t_apply = time.monotonic()
-    seen_step, seen_analysis = -1, None
+    seen_step = -1
     first_fail: float | None = None
     samples: dict[str, tuple[int, int]] = {}  # at -> (requests, errors) of each analysis seen
     max_weight = 0
@@ -191,9 +191,10 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
             say(
                 f"step {seen_step + 1}/{len(ROLLOUT['steps'])}: canary {rev} takes {canary['weight']}% of traffic"
             )
-        a = canary.get("lastAnalysis")
-        if st.get("canaryRevision") == rev and a and a.get("at") != seen_analysis:
-            seen_analysis = a["at"]
+        failed = [f for f in st.get("failedRevisions", []) if f["revision"] == rev]
+        # the sample that ends a rollback is kept in failedRevisions, no longer in status.canary
+        a = failed[0].get("lastAnalysis") if failed else canary.get("lastAnalysis")
+        if (st.get("canaryRevision") == rev or failed) and a and a.get("at") not in samples:
             colour = {"Pass": "green", "Fail": "red"}.get(a["verdict"], "yellow")
             say(
                 f"  analysis [{colour}]{a['verdict']}[/]: {a['requests']} canary requests, "
@@ -202,7 +203,6 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
             samples[a["at"]] = (a["requests"], a.get("errors", round(a["errorRate"] * a["requests"])))
             if a["verdict"] == "Fail":
                 first_fail = first_fail or time.monotonic()
-        failed = [f for f in st.get("failedRevisions", []) if f["revision"] == rev]
         if failed and st.get("traffic") == [{"revision": st["stableRevision"], "weight": 100}]:
             outcome = "rolled back"
             say(f"[red]rolled back[/]: {failed[0]['message']}")

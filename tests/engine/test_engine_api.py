@@ -130,3 +130,28 @@ def test_detokenizer_never_splits_multibyte_characters(engine: LLMEngine) -> Non
         pieces.append(detok.add(t))
         assert not detok.text.endswith("\ufffd")
     assert "".join(pieces) == detok.text == text
+
+
+def test_sharded_safetensors_load_the_same_model(tiny_llama: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    for f in tiny_llama.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "chat_template.jinja":
+            shutil.copy(f, tmp_path)
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    prompts = [[5, 6, 7, 8], list(range(3, 50))]
+    want = [o.outputs[0].token_ids for o in LLM(str(tiny_llama)).generate(prompts, GREEDY)]
+    assert [o.outputs[0].token_ids for o in LLM(str(tmp_path)).generate(prompts, GREEDY)] == want
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_dtypes_run(tiny_llama: Path, dtype: str) -> None:
+    llm = LLM(str(tiny_llama), dtype=dtype)
+    assert str(llm.llm_engine.dtype) == f"torch.{dtype}"
+    out = llm.generate([[5, 6, 7], list(range(3, 40))], GREEDY)
+    assert [len(o.outputs[0].token_ids) for o in out] == [8, 8]

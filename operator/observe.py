@@ -24,6 +24,8 @@ def job_weights(job: Obj | None, pods: Sequence[Obj] = ()) -> tuple[WeightsState
     """(pending|ready|failed, message) from a pre-pull Job and its pods."""
     if job is None:
         return "pending", "pre-pull not started"
+    if (job.get("metadata") or {}).get("deletionTimestamp"):  # an old attempt going away (retry): a new one follows
+        return "pending", "previous pre-pull is being removed"
     status = job.get("status") or {}
     if status.get("succeeded", 0) >= 1 or _condition(job, "Complete"):
         return "ready", ""

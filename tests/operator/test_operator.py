@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from folio.operator.spec import InferenceServiceSpec, revision_name
 from tests.operator.harness import (
+    NAMESPACE,
     ApiServer,
     Cluster,
     declare_resources,
@@ -261,3 +262,41 @@ async def test_unknown_engine_arg_is_reported_not_crashed(cluster: Cluster) -> N
             return condition(await cluster.isvc(), "Degraded")["status"] == "False"
 
         await eventually(recovered, what="Degraded=False")
+
+
+async def test_retry_after_failed_weights_pulls_them_again(cluster: Cluster) -> None:
+    manifest = isvc_manifest()
+    rev = rev_of(manifest)
+    job_name = f"chat-prepull-{rev}"
+    async with running_operator(cluster.server):
+        await cluster.create_isvc(manifest)
+        await eventually(lambda: cluster.get("batch/v1", "Job", job_name), what="pre-pull Job")
+        await cluster.set_status("batch/v1", "Job", job_name, {"failed": 3, "conditions": [
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "digest mismatch"}]})
+
+        async def weights_failed() -> bool:
+            status = (await cluster.isvc()).get("status", {})
+            return any(f["revision"] == rev and f["reason"] == "WeightsFailed"
+                       for f in status.get("failedRevisions", []))
+
+        await eventually(weights_failed, what="the revision failed on its weights")
+
+        # `folio retry chat` sets this annotation; the old Job must go so the pull runs afresh
+        await cluster.call(cluster.kube.merge_patch, "serving.folio.dev/v1alpha1", "InferenceService", NAMESPACE,
+                           "chat", {"metadata": {"annotations": {"folio.dev/retry": "1"}}})
+
+        async def pulled_again() -> dict[str, Any] | None:
+            job = await cluster.get("batch/v1", "Job", job_name)
+            return job if job is not None and not (job.get("status") or {}).get("conditions") else None
+
+        await eventually(pulled_again, what="a fresh pre-pull Job in place of the failed one")
+        isvc = await eventually(cluster.isvc, what="the service")
+        assert "folio.dev/retry" not in (isvc["metadata"].get("annotations") or {})
+        await cluster.set_status("batch/v1", "Job", job_name,
+                                 {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+
+        async def weights_ready() -> bool:
+            conditions = (await cluster.isvc()).get("status", {}).get("conditions", [])
+            return any(c["type"] == "WeightsReady" and c["status"] == "True" for c in conditions)
+
+        await eventually(weights_ready, what="WeightsReady=True after the retry")

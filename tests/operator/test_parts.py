@@ -53,6 +53,9 @@ def test_job_weights() -> None:
     pod = {"status": {"containerStatuses": [{"state": {"terminated": {
         "exitCode": 1, "message": "digest mismatch: expected sha256:aa, got sha256:bb\n"}}}]}}
     assert job_weights(failed, [pod]) == ("failed", "digest mismatch: expected sha256:aa, got sha256:bb")
+    # a failed Job being deleted for a retry no longer fails the revision
+    going = {**failed, "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert job_weights(going) == ("pending", "previous pre-pull is being removed")
 
 
 def test_ready_replicas_and_crash_loops() -> None:

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        # help strings are %-formatted by argparse; descriptions are not
+        cmd = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
         module.add_arguments(cmd)
         cmd.set_defaults(_main=module.main)
     return parser

@@ -34,8 +34,10 @@ def test_python_dash_m_works_at_repo_root() -> None:
         [sys.executable, "-m", "folio.operator.cli", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    for name in COMMANDS:
+    for name, (_, help_text) in COMMANDS.items():
         assert name in out.stdout
+        assert help_text.split()[0] in out.stdout
+    assert "option_strings" not in out.stdout  # a stray % in a help string garbles argparse's output
 
 
 def test_packages_map_to_folders() -> None:

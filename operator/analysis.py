@@ -20,10 +20,11 @@ Verdict: fewer than ``minRequests`` canary requests is *Inconclusive* (never a p
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -259,6 +260,48 @@ class RouterScrapes:
     ) -> AnalysisSample:
         window, more = self.ingest(texts)
         return judge(figures_from_windows(window, canary, stable), spec, now, [*notes, *more])
+
+
+class IntervalSampler:
+    """One analysis sample per ``analysis.interval``, however the routers are found (local or cluster).
+
+    Routers are scraped every interval even while no canary takes traffic, so that a canary's first
+    interval already has a baseline and yields a real sample rather than an inconclusive one.
+    """
+
+    def __init__(self, isvc: str) -> None:
+        self.isvc = isvc
+        self.scrapes = RouterScrapes(isvc)
+        self._next = 0.0  # monotonic time of the next sample
+
+    def due(self, spec: AnalysisSpec) -> bool:
+        """True once per interval; a True answer starts the next interval."""
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + spec.interval_seconds
+        return True
+
+    async def take(
+        self,
+        client: httpx.AsyncClient,
+        router_urls: Callable[[], Awaitable[Sequence[str]]],
+        *,
+        canary: str | None,
+        stable: str | None,
+        spec: AnalysisSpec,
+    ) -> AnalysisSample | None:
+        """Scrape now; a sample when ``canary`` takes traffic (None: only the baseline moves)."""
+        wall = datetime.now(timezone.utc)
+        if spec.prometheus is not None:
+            if canary is None:
+                return None
+            return await prometheus_sample(client, spec.prometheus.url, self.isvc, canary, stable, spec, wall)
+        texts, notes = await scrape_routers(client, await router_urls())
+        if canary is None:
+            self.scrapes.ingest(texts)  # keeps the baseline current
+            return None
+        return self.scrapes.sample(texts, canary, stable, spec, wall, notes)
 
 
 async def scrape_routers(client: httpx.AsyncClient, urls: Sequence[str]) -> tuple[dict[str, str], list[str]]:

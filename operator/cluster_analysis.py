@@ -9,12 +9,10 @@ Routers are scraped even while no canary runs, so a canary's first interval alre
 from __future__ import annotations
 
 import asyncio
-import time
-from datetime import datetime, timezone
 
 import httpx
 
-from folio.operator.analysis import RouterScrapes, prometheus_sample, scrape_routers
+from folio.operator.analysis import IntervalSampler
 from folio.operator.kube import Kube, Obj
 from folio.operator.planner import ROUTER_PORT, component_labels
 from folio.operator.spec import AnalysisSample, InferenceServiceSpec, InferenceServiceStatus
@@ -22,35 +20,25 @@ from folio.operator.spec import AnalysisSample, InferenceServiceSpec, InferenceS
 
 class ClusterAnalysis:
     def __init__(self, isvc: str, namespace: str) -> None:
-        self.isvc = isvc
         self.namespace = namespace
-        self.scrapes = RouterScrapes(isvc)
-        self._next = 0.0  # monotonic time of the next sample
+        self.sampler = IntervalSampler(isvc)
 
     async def sample(self, kube: Kube, spec: InferenceServiceSpec,
                      status: InferenceServiceStatus) -> AnalysisSample | None:
         """A new sample when an interval has passed and a canary takes traffic; None otherwise."""
-        now = time.monotonic()
-        if now < self._next:
+        if not self.sampler.due(spec.rollout.analysis):
             return None
-        analysis = spec.rollout.analysis
-        self._next = now + analysis.interval_seconds
         canary = status.canary_revision
         serving = canary is not None and any(t.revision == canary and t.weight > 0 for t in status.traffic)
-        wall = datetime.now(timezone.utc)
-        async with httpx.AsyncClient(trust_env=False) as client:
-            if analysis.prometheus is not None:
-                if not serving or canary is None:
-                    return None
-                return await prometheus_sample(client, analysis.prometheus.url, self.isvc, canary,
-                                               status.stable_revision, analysis, wall)
+
+        async def urls() -> list[str]:
             pods = await asyncio.to_thread(kube.list, "v1", "Pod", self.namespace,
-                                           component_labels(self.isvc, "router"))
-            texts, notes = await scrape_routers(client, router_metrics_urls(pods))
-        if not serving or canary is None:
-            self.scrapes.ingest(texts)  # keeps the baseline current
-            return None
-        return self.scrapes.sample(texts, canary, status.stable_revision, analysis, wall, notes)
+                                           component_labels(self.sampler.isvc, "router"))
+            return router_metrics_urls(pods)
+
+        async with httpx.AsyncClient(trust_env=False) as client:
+            return await self.sampler.take(client, urls, canary=canary if serving else None,
+                                           stable=status.stable_revision, spec=spec.rollout.analysis)
 
 
 def router_metrics_urls(pods: list[Obj]) -> list[str]:

@@ -40,6 +40,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 FROM base AS build
 ARG TORCH_VERSION
+# A C compiler for the engine's CPU attention kernel (kernels/csrc, a plain C extension); the CUDA base
+# already has one. Only this stage gets it: the runtime copies the built venv.
+RUN command -v gcc >/dev/null || (apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*)
 RUN python3 -m venv /opt/folio
 ENV PATH=/opt/folio/bin:$PATH
 # torch first, from the variant's index, in its own layer: it is most of the image and changes least.
@@ -53,7 +58,8 @@ COPY engine ./engine
 COPY kernels ./kernels
 RUN pip install . \
  && pip check \
- && folio --version
+ && folio --version \
+ && python -c "from folio.kernels import decode_attention_cpu as d; assert d.AVAILABLE, 'CPU attention kernel not built'"
 
 # ---------------------------------------------------------------------------- runtime
 

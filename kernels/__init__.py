@@ -1,7 +1,9 @@
 """Folio's GPU kernels: paged attention, KV-cache store, RMSNorm, rotary embedding.
 
 Every public function checks its inputs (a ``ValueError`` names the problem), then runs the Triton
-kernel for CUDA tensors and its PyTorch reference twin otherwise (``backend=`` overrides that). The
+kernel for CUDA tensors and its PyTorch reference twin otherwise (``backend=`` overrides that); decode
+attention also has a native CPU twin (``kernels/csrc``, a C extension built by ``pip install``), which the
+engine's CPU path uses and ``auto`` picks on the CPU where it was built. The
 paged KV-cache layout they share is documented in ``folio.kernels.layout``. Triton itself is only
 imported when a Triton kernel is launched.
 """

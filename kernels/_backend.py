@@ -1,4 +1,5 @@
-"""Backend choice: Triton for CUDA tensors, the PyTorch reference twin for everything else.
+"""Backend choice: Triton for CUDA tensors; on the CPU the native C kernel where one exists and was built,
+otherwise the PyTorch reference twin.
 
 ``backend="triton"`` on CPU tensors runs the Triton interpreter, which is how the kernels are tested
 without a GPU. Triton reads ``TRITON_INTERPRET`` when a ``@triton.jit`` function is *defined*, so the
@@ -12,15 +13,22 @@ from typing import Literal
 
 import torch
 
-Backend = Literal["auto", "triton", "reference"]
+Backend = Literal["auto", "triton", "native", "reference"]
+BACKENDS = ("auto", "triton", "native", "reference")
 
 
 def use_triton(backend: str, device: torch.device) -> bool:
-    if backend == "auto":
-        return device.type == "cuda"
-    if backend in ("triton", "reference"):
-        return backend == "triton"
-    raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    return backend == "triton" or (backend == "auto" and device.type == "cuda")
+
+
+def use_native(backend: str, supported: bool, what: str) -> bool:
+    """Whether to run a native CPU kernel that ``supported`` these inputs (auto: whenever it does)."""
+    if backend == "native" and not supported:
+        raise ValueError(f"the native CPU kernel cannot run {what} (it needs CPU tensors of a supported dtype "
+                         "and a build with the C extension)")
+    return backend == "native" or (backend == "auto" and supported)
 
 
 def ensure_launchable(kernel: object, device: torch.device) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from folio.kernels._backend import Backend, use_triton
+from folio.kernels import decode_attention_cpu
+from folio.kernels._backend import Backend, use_native, use_triton
 from folio.kernels._checks import (
     check_gqa,
     check_kv_cache,
@@ -25,7 +26,8 @@ def paged_decode_attention(
 
     ``max_context_len`` (optional, a host-side bound on ``context_lens``) lets the Triton path split long
     contexts finely without reading the lengths back from the GPU; without it the bound is the block
-    tables' capacity. ``num_splits`` forces the split-K factor (tests, benchmarks).
+    tables' capacity. ``num_splits`` forces the split-K factor (tests, benchmarks). On the CPU, ``auto``
+    runs the native kernel (float32/bfloat16, when built) and otherwise the PyTorch reference.
     """
     _, block_size, kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
     device = k_cache.device
@@ -53,4 +55,6 @@ def paged_decode_attention(
 
         return decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
                                        max_context_len=max_context_len, num_splits=num_splits)
+    if use_native(backend, decode_attention_cpu.supports(q), f"{q.dtype} queries on {device}"):
+        return decode_attention_cpu.decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale)
     return decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)

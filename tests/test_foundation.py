@@ -86,6 +86,8 @@ def test_wheel_maps_folders_into_the_folio_namespace(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for required in ("folio/operator/cli.py", "folio/operator/spec.py", "folio/engine/digest.py", "folio/kernels/__init__.py"):
         assert required in names
+    # the CPU attention kernel is compiled into the package (kernels/csrc/paged_decode_cpu.c)
+    assert any(n.startswith("folio/kernels/_cpu_attention") and n.endswith(".so") for n in names)
     assert not any(n.startswith(("operator/", "engine/", "kernels/", "tests/")) for n in names)
     assert not any(n == "folio/operator/__init__.py" or n == "folio/__init__.py" for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

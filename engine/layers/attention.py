@@ -1,8 +1,9 @@
 """Paged attention: store this step's K/V in the block cache, then attend over each sequence's context.
 
 CPU: prefill segments run one by one through `scaled_dot_product_attention` (directly on the new K/V when
-nothing is cached before them); decode queries run in a few length buckets over K/V gathered by block
-table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are
+nothing is cached before them); decode queries run through `folio.kernels`' native CPU kernel, which reads
+the paged cache in place, or (a build without it, or float16) in a few length buckets over K/V gathered by
+block table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are
 folded into that head's query rows. CUDA: the `folio.kernels` paged kernels.
 """
 
@@ -52,6 +53,11 @@ def paged_attention(
             scale=scale,
         )
         out[seg.start : seg.end] = o[0].transpose(0, 1)
+    if ctx.decode_block_tables is not None:
+        first = ctx.num_prefill_tokens
+        out[first:] = kernels().paged_decode_attention(
+            q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale
+        )
     if ctx.decode_buckets:
         assert ctx.gather_buffers is not None
         k_buf, v_buf = ctx.gather_buffers

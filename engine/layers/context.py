@@ -36,7 +36,10 @@ class AttentionContext:
     prefills: list[PrefillSegment]
     num_prefill_tokens: int
     num_decodes: int
-    # decode side (CPU path): gather K/V by block table into reused buffers, mask the padding
+    # decode side (CPU path): the native kernel over block tables, or else gather K/V by block table into
+    # reused buffers and mask the padding, bucket by bucket
+    decode_block_tables: torch.Tensor | None = None  # [num_decodes, M] int32
+    decode_context_lens: torch.Tensor | None = None  # [num_decodes] int32
     decode_buckets: list[DecodeBucket] = field(default_factory=list)
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # each [blocks, block_size, Hkv, D]
     rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # per-step cos/sin [T, 1, D/2]

@@ -76,4 +76,11 @@ class RotaryEmbedding(nn.Module):
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Neox-style rotation of x [N, H, D] (halves, not interleaved pairs), as `transformers` does."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    out = torch.empty_like(x)
+    o1, o2 = out.chunk(2, dim=-1)
+    tmp = torch.empty(x1.shape, dtype=x.dtype, device=x.device)
+    # written into the halves of one output (no concatenation), with the same roundings as the expression
+    # [x1*cos - x2*sin, x2*cos + x1*sin] (no fused multiply-add), which is what `transformers` computes
+    torch.mul(x1, cos, out=o1).sub_(torch.mul(x2, sin, out=tmp))
+    torch.mul(x2, cos, out=o2).add_(torch.mul(x1, sin, out=tmp))
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from folio.engine import LLM, SamplingParams
@@ -29,3 +30,38 @@ def test_kernel_path_matches_cpu_path(tiny_variant) -> None:
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert got == expected
     assert llm.llm_engine.stats().prefix_cache_hits_total > 0
+
+
+def test_native_cpu_decode_matches_the_gather_path(tiny_variant) -> None:
+    """The CPU decode path's two implementations: the C kernel over block tables, gather + SDPA in buckets."""
+    from folio.kernels import decode_attention_cpu
+
+    if not decode_attention_cpu.AVAILABLE:
+        pytest.skip("the C extension was not built")
+    path: Path = tiny_variant("llama-gqa4")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist() for n in (1, 4, 16, 17, 45, 90, 31, 8)]
+    llm = LLM(str(path), max_num_batched_tokens=40, block_size=16)
+    runner = llm.llm_engine.runner
+    assert runner.native_decode  # float32 on the CPU with the extension built
+    native = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    runner.native_decode = False
+    gathered = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert native == gathered
+
+
+def test_float32_cpu_weights_are_column_major_and_change_no_token(tiny_variant) -> None:
+    """MKL reads a contiguous transposed weight as is: the runner stores projections that way (float32, CPU)."""
+    path: Path = tiny_variant("llama-gqa2")
+    prompts = [[5, 9, 200, 31, 7], list(range(3, 40))]
+    llm = LLM(str(path))
+    model = llm.llm_engine.runner.model
+    layer = model.layers[0]
+    for weight in (layer.self_attn.qkv_weight, layer.self_attn.o_weight, layer.mlp.gate_up_weight,
+                   layer.mlp.down_weight):
+        assert weight.t().is_contiguous() and not weight.is_contiguous()
+    assert model.embed_tokens.is_contiguous()  # row lookups stay on rows
+    column_major = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    for param in model.parameters():
+        param.data = param.data.contiguous()
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == column_major

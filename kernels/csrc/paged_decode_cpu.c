@@ -1,0 +1,439 @@
+/* Paged decode attention for the CPU: one query token per sequence, read straight from the paged cache.
+ *
+ * The PyTorch path has to gather each sequence's K/V blocks into a dense buffer before attention can run,
+ * which writes and re-reads the whole context on every layer of every step; this kernel reads each cached
+ * row once, in place. The layout is folio.kernels.layout's: k_cache/v_cache are contiguous
+ * [num_blocks, block_size, kv_heads, head_dim]; token t of sequence b lives in slot
+ * block_tables[b][t / block_size] * block_size + t % block_size. Query head h reads KV head h / group.
+ *
+ * Per sequence: scores for every head while walking the keys once, an exact two-pass softmax in float32, then
+ * the weighted sum of values walking them once. float32 with head_dim a multiple of 16 runs an AVX-512 path
+ * where the CPU has it; other cases (bfloat16, other head_dims, other CPUs) a portable path the compiler
+ * vectorizes for AVX-512/AVX2/baseline. Sequences are split across threads by context length, on torch's
+ * own OpenMP workers when the wrapper finds them (else pthreads). The GIL is released while it runs.
+ * Single-core speed is bounded by memory: K/V are read once, nothing is written but the output.
+ *
+ * No torch headers: the Python wrapper (folio.kernels.decode_attention_cpu) checks shapes, dtypes and
+ * strides and passes data pointers, so this builds as a plain C extension in a second.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 };
+
+typedef struct {
+    const void *q, *k_cache, *v_cache;
+    const int32_t *block_tables, *context_lens;
+    void *out;
+    int64_t heads, kv_heads, head_dim, block_size, table_stride, num_blocks;
+    int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;  /* in elements */
+    float scale;
+    int dtype;
+} Problem;
+
+typedef struct {
+    const Problem *p;
+    int64_t first, last; /* sequences [first, last) */
+    int64_t max_len;
+    int failed; /* FAIL_* */
+} Work;
+
+enum { FAIL_NONE = 0, FAIL_MEMORY = 1, FAIL_BLOCK = 2 };
+
+/* Multi-versioned so that one build uses AVX-512 or AVX2 where the machine has them. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HOT
+#endif
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* exp(x) for x <= 0 (softmax arguments once the max is subtracted), in a form the compiler vectorizes:
+ * Cephes' expf, 2^n * p(r) with r = x - n ln2 (ln2 split in two for exactness) and a degree-7 polynomial;
+ * about 1 ulp. */
+static inline float exp_nonpositive(float x) {
+    if (x < -87.0f) return 0.0f;
+    const float n = rintf(x * 1.44269504088896341f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return y * scale;
+}
+
+/* One row of `dim` values as float32: a pointer into the cache, or bf16 widened into `tmp`. */
+static inline const float *as_f32(int dtype, const void *base, int64_t offset, int64_t dim, float *tmp) {
+    if (dtype == DTYPE_F32) return (const float *)base + offset;
+    const uint16_t *src = (const uint16_t *)base + offset;
+    for (int64_t d = 0; d < dim; ++d) tmp[d] = bf16_to_f32(src[d]);
+    return tmp;
+}
+
+/* Lane-parallel partial sums reduced as a tree: vector FMAs and a few shuffles, not a serial chain of adds. */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, const int64_t n) {
+    float lanes[16] = {0};
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        for (int j = 0; j < 16; ++j) lanes[j] += a[d + j] * b[d + j];
+    for (int w = 8; w > 0; w >>= 1)
+        for (int j = 0; j < w; ++j) lanes[j] += lanes[j + w];
+    float s = lanes[0];
+    for (; d < n; ++d) s += a[d] * b[d];
+    return s;
+}
+
+/* One sequence. Inlined into per-head_dim entry points below, so that common sizes get fully unrolled loops. */
+static inline __attribute__((always_inline)) int attend_seq(const Problem *p, int64_t b, const int64_t dim,
+                                                             float *scores, float *acc, float *qs, float *tmp) {
+    const int64_t heads = p->heads, kv_heads = p->kv_heads, bs = p->block_size, dtype = p->dtype;
+    const int64_t group = heads / kv_heads, row = kv_heads * dim, len = p->context_lens[b];
+    const int32_t *table = p->block_tables + b * p->table_stride;
+    for (int64_t i = 0; i * bs < len; ++i) /* a bad block id would read outside the cache */
+        if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
+
+    for (int64_t h = 0; h < heads; ++h) { /* the scale goes into q once, not into every score */
+        const float *qh = as_f32(dtype, p->q, b * p->q_stride_b + h * p->q_stride_h, dim, tmp);
+        for (int64_t d = 0; d < dim; ++d) qs[h * dim + d] = qh[d] * p->scale;
+    }
+    memset(acc, 0, sizeof(float) * heads * dim);
+
+    /* pass 1: every head's score for every key, walking the keys once (a token's keys for all KV heads are
+     * one contiguous row; the query heads of a KV head share its load) */
+    for (int64_t start = 0; start < len; start += bs) {
+        const int64_t n = len - start < bs ? len - start : bs;
+        const int64_t base = (int64_t)table[start / bs] * bs * row;
+        for (int64_t t = 0; t < n; ++t) {
+            for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+                const float *k = as_f32(dtype, p->k_cache, base + t * row + kvh * dim, dim, tmp);
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t h = kvh * group + g;
+                    scores[h * len + start + t] = dot(qs + h * dim, k, dim);
+                }
+            }
+        }
+    }
+    /* softmax per head, in place; 1/sum is applied to the output at the end */
+    for (int64_t h = 0; h < heads; ++h) {
+        float *s = scores + h * len, m = -INFINITY, sum = 0.0f;
+        for (int64_t l = 0; l < len; ++l) m = s[l] > m ? s[l] : m;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t l = 0; l < len; ++l) {
+            s[l] = exp_nonpositive(s[l] - m);
+            sum += s[l];
+        }
+        qs[h] = 1.0f / sum; /* qs is free now: it keeps the normalizers */
+    }
+    /* pass 2: the weighted values, walking the values once */
+    for (int64_t start = 0; start < len; start += bs) {
+        const int64_t n = len - start < bs ? len - start : bs;
+        const int64_t base = (int64_t)table[start / bs] * bs * row;
+        for (int64_t t = 0; t < n; ++t) {
+            for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+                const float *v = as_f32(dtype, p->v_cache, base + t * row + kvh * dim, dim, tmp);
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t h = kvh * group + g;
+                    const float w = scores[h * len + start + t];
+                    float *a = acc + h * dim;
+#pragma omp simd
+                    for (int64_t d = 0; d < dim; ++d) a[d] += w * v[d];
+                }
+            }
+        }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        const float norm = len > 0 ? qs[h] : 0.0f; /* an empty context gives zeros, as the layout says */
+        const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
+        for (int64_t d = 0; d < dim; ++d) {
+            const float x = acc[h * dim + d] * norm;
+            if (dtype == DTYPE_F32) ((float *)p->out)[o + d] = x;
+            else ((uint16_t *)p->out)[o + d] = f32_to_bf16(x);
+        }
+    }
+    return FAIL_NONE;
+}
+
+HOT static int attend_64(const Problem *p, int64_t b, float *s, float *a, float *q, float *t) {
+    return attend_seq(p, b, 64, s, a, q, t);
+}
+HOT static int attend_128(const Problem *p, int64_t b, float *s, float *a, float *q, float *t) {
+    return attend_seq(p, b, 128, s, a, q, t);
+}
+HOT static int attend_any(const Problem *p, int64_t b, float *s, float *a, float *q, float *t) {
+    return attend_seq(p, b, p->head_dim, s, a, q, t);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX512_PATH 1
+
+/* exp_nonpositive for 16 lanes (the same Cephes polynomial). */
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
+    const __m512 zero_below = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, zero_below, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, zero_below);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+}
+
+/* float32 with head_dim a multiple of 16 (up to 256), on AVX-512. Works page by page so that a page's rows
+ * stay in L1 while each query head runs over them with its query (pass 1) or accumulator (pass 2) held in
+ * registers. Same arithmetic as attend_seq up to summation order. */
+__attribute__((target("avx512f"))) static int attend_f32_avx512(const Problem *p, int64_t b, float *scores,
+                                                                 float *norms) {
+    const int64_t heads = p->heads, kv_heads = p->kv_heads, dim = p->head_dim, bs = p->block_size;
+    const int64_t group = heads / kv_heads, row = kv_heads * dim, len = p->context_lens[b], nv = dim / 16;
+    const int32_t *table = p->block_tables + b * p->table_stride;
+    const float *kc = (const float *)p->k_cache, *vc = (const float *)p->v_cache, *qb = (const float *)p->q;
+    for (int64_t i = 0; i * bs < len; ++i)
+        if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
+    const __m512 scale = _mm512_set1_ps(p->scale);
+
+    for (int64_t start = 0; start < len; start += bs) { /* pass 1: scores */
+        const int64_t n = len - start < bs ? len - start : bs;
+        const float *page = kc + (int64_t)table[start / bs] * bs * row;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *qh = qb + b * p->q_stride_b + h * p->q_stride_h;
+            const float *k = page + (h / group) * dim;
+            __m512 q[16];
+            for (int64_t i = 0; i < nv; ++i) q[i] = _mm512_mul_ps(_mm512_loadu_ps(qh + 16 * i), scale);
+            float *out = scores + h * len + start;
+            for (int64_t t = 0; t < n; ++t, k += row) {
+                __m512 a0 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k)), a1 = _mm512_setzero_ps();
+                for (int64_t i = 1; i + 1 < nv; i += 2) {
+                    a1 = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(k + 16 * i), a1);
+                    a0 = _mm512_fmadd_ps(q[i + 1], _mm512_loadu_ps(k + 16 * (i + 1)), a0);
+                }
+                if (nv % 2 == 0) a1 = _mm512_fmadd_ps(q[nv - 1], _mm512_loadu_ps(k + 16 * (nv - 1)), a1);
+                out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            }
+        }
+    }
+    for (int64_t h = 0; h < heads; ++h) { /* softmax per head, in place; 1/sum goes to norms[h] */
+        float *sc = scores + h * len;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        int64_t l = 0;
+        for (; l + 16 <= len; l += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(sc + l));
+        if (l < len) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, (__mmask16)((1u << (len - l)) - 1), sc + l));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        __m512 sum = _mm512_setzero_ps();
+        for (l = 0; l + 16 <= len; l += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + l), mx));
+            _mm512_storeu_ps(sc + l, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        if (l < len) {
+            const __mmask16 tail = (__mmask16)((1u << (len - l)) - 1);
+            const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sc + l), mx)));
+            _mm512_mask_storeu_ps(sc + l, tail, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        norms[h] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    for (int64_t h = 0; h < heads; ++h) { /* pass 2: weighted values, the accumulator in registers */
+        __m512 acc[16];
+        for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_setzero_ps();
+        const float *w = scores + h * len;
+        for (int64_t start = 0; start < len; start += bs) {
+            const int64_t n = len - start < bs ? len - start : bs;
+            const float *v = vc + (int64_t)table[start / bs] * bs * row + (h / group) * dim;
+            for (int64_t t = 0; t < n; ++t, v += row) {
+                const __m512 wt = _mm512_set1_ps(w[start + t]);
+                for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(v + 16 * i), acc[i]);
+            }
+        }
+        const __m512 norm = _mm512_set1_ps(len > 0 ? norms[h] : 0.0f);
+        float *o = (float *)p->out + b * p->out_stride_b + h * p->out_stride_h;
+        for (int64_t i = 0; i < nv; ++i) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[i], norm));
+    }
+    return FAIL_NONE;
+}
+#endif
+
+static void *run_work(void *arg) {
+    Work *w = (Work *)arg;
+    const Problem *p = w->p;
+    /* scores [heads, max_len], acc [heads, dim], scaled q [heads, dim], one widened row [dim] */
+    const size_t floats = (size_t)p->heads * ((size_t)w->max_len + 2 * (size_t)p->head_dim) + p->head_dim;
+    float *buf = malloc(sizeof(float) * (floats ? floats : 1));
+    if (!buf) {
+        w->failed = FAIL_MEMORY;
+        return NULL;
+    }
+    float *scores = buf, *acc = scores + p->heads * w->max_len, *qs = acc + p->heads * p->head_dim;
+    float *tmp = qs + p->heads * p->head_dim;
+#ifdef HAVE_AVX512_PATH
+    if (p->dtype == DTYPE_F32 && p->head_dim % 16 == 0 && p->head_dim <= 256 && __builtin_cpu_supports("avx512f")) {
+        for (int64_t b = w->first; b < w->last && !w->failed; ++b) w->failed = attend_f32_avx512(p, b, scores, qs);
+        free(buf);
+        return NULL;
+    }
+#endif
+    int (*attend)(const Problem *, int64_t, float *, float *, float *, float *) =
+        p->head_dim == 64 ? attend_64 : p->head_dim == 128 ? attend_128 : attend_any;
+    for (int64_t b = w->first; b < w->last && !w->failed; ++b) w->failed = attend(p, b, scores, acc, qs, tmp);
+    free(buf);
+    return NULL;
+}
+
+/* The OpenMP runtime torch itself runs on, found by the Python wrapper. Running on torch's own worker threads
+ * matters: torch's workers spin for a while after each op, so threads of our own would fight them for the
+ * cores. Without it, plain pthreads. */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_int_fn)(void);
+static gomp_parallel_fn gomp_parallel;
+static omp_int_fn omp_thread_num, omp_num_threads;
+
+typedef struct {
+    Work *work;
+    int count;
+} Team;
+
+static void team_member(void *arg) { /* the team may be smaller than asked for: stride over the shares */
+    const Team *team = (const Team *)arg;
+    const int size = omp_num_threads();
+    for (int i = omp_thread_num(); i < team->count; i += size > 0 ? size : 1) run_work(&team->work[i]);
+}
+
+#define MAX_THREADS 64
+/* Below this many (query head x key) pairs a thread costs more to start than it saves. */
+#define MIN_PAIRS_PER_THREAD 32768
+
+static int run(const Problem *p, int64_t batch, int threads) {
+    int64_t total = 0, max_len = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = p->context_lens[b];
+        total += len;
+        max_len = len > max_len ? len : max_len;
+    }
+    int64_t useful = total * p->heads / MIN_PAIRS_PER_THREAD;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > useful) threads = useful > 1 ? (int)useful : 1;
+    if (threads > batch) threads = (int)(batch > 0 ? batch : 1);
+
+    Work work[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    int64_t b = 0, seen = 0;
+    for (int i = 0; i < threads; ++i) { /* contiguous ranges of about equal total context */
+        work[i] = (Work){p, b, b, max_len, FAIL_NONE};
+        const int64_t goal = total * (i + 1) / threads;
+        while (b < batch && (i == threads - 1 || seen < goal)) seen += p->context_lens[b++];
+        work[i].last = b;
+    }
+    if (threads > 1 && gomp_parallel) {
+        Team team = {work, threads};
+        gomp_parallel(team_member, &team, (unsigned)threads, 0);
+        int failed = FAIL_NONE;
+        for (int i = 0; i < threads && !failed; ++i) failed = work[i].failed;
+        return failed;
+    }
+    for (int i = 1; i < threads; ++i) started[i] = pthread_create(&ids[i], NULL, run_work, &work[i]) == 0;
+    for (int i = 1; i < threads; ++i)
+        if (!started[i]) run_work(&work[i]); /* could not start a thread: do its share here */
+    run_work(&work[0]);
+    int failed = work[0].failed;
+    for (int i = 1; i < threads; ++i) {
+        if (started[i]) pthread_join(ids[i], NULL);
+        failed = failed ? failed : work[i].failed;
+    }
+    return failed;
+}
+
+static PyObject *paged_decode(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long q, k_cache, v_cache, tables, lens, out;
+    long long batch, heads, kv_heads, head_dim, block_size, num_blocks, table_stride, qsb, qsh, osb, osh;
+    float scale;
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLLLLfii", &q, &k_cache, &v_cache, &tables, &lens, &out, &batch,
+                          &heads, &kv_heads, &head_dim, &block_size, &num_blocks, &table_stride, &qsb, &qsh,
+                          &osb, &osh, &scale, &dtype, &threads))
+        return NULL;
+    if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 || block_size < 1 ||
+        (dtype != DTYPE_F32 && dtype != DTYPE_BF16)) {
+        PyErr_SetString(PyExc_ValueError, "paged_decode: inconsistent problem sizes or dtype");
+        return NULL;
+    }
+    const Problem p = {
+        (const void *)(uintptr_t)q, (const void *)(uintptr_t)k_cache, (const void *)(uintptr_t)v_cache,
+        (const int32_t *)(uintptr_t)tables, (const int32_t *)(uintptr_t)lens, (void *)(uintptr_t)out,
+        heads, kv_heads, head_dim, block_size, table_stride, num_blocks, qsb, qsh, osb, osh, scale, dtype,
+    };
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = run(&p, batch, threads < 1 ? 1 : threads);
+    Py_END_ALLOW_THREADS if (rc == FAIL_MEMORY) return PyErr_NoMemory();
+    if (rc == FAIL_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "block_tables holds a block id outside [0, %lld) for a token in context",
+                     num_blocks);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *use_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long parallel, thread_num, num_threads;
+    if (!PyArg_ParseTuple(args, "KKK", &parallel, &thread_num, &num_threads)) return NULL;
+    if (!parallel || !thread_num || !num_threads) {
+        gomp_parallel = NULL; /* back to pthreads */
+        Py_RETURN_NONE;
+    }
+    omp_thread_num = (omp_int_fn)(uintptr_t)thread_num;
+    omp_num_threads = (omp_int_fn)(uintptr_t)num_threads;
+    gomp_parallel = (gomp_parallel_fn)(uintptr_t)parallel;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"use_openmp", use_openmp, METH_VARARGS,
+     "use_openmp(GOMP_parallel, omp_get_thread_num, omp_get_num_threads): addresses in the OpenMP runtime to "
+     "run on (all 0: plain pthreads)"},
+    {"paged_decode", paged_decode, METH_VARARGS,
+     "paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, batch, heads, kv_heads, head_dim, "
+     "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads): "
+     "pointers and sizes already checked by folio.kernels.decode_attention_cpu"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_cpu_attention", .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__cpu_attention(void) { return PyModule_Create(&module); }

@@ -1,0 +1,114 @@
+"""The native CPU decode-attention kernel (kernels/csrc) against the PyTorch reference.
+
+It is what the engine's CPU path runs for decodes, so every layout case matters here: group sizes, head_dims
+with and without the AVX-512 fast path, block sizes, ragged and empty contexts, strided queries, threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.kernels import decode_attention_cpu, paged_decode_attention
+from tests.kernels.paged import TOL, make_paged_kv
+
+pytestmark = pytest.mark.skipif(not decode_attention_cpu.AVAILABLE, reason="the C extension was not built")
+
+
+def lens_for(block_size: int) -> list[int]:
+    return [1, block_size, block_size + 1, 3 * block_size, 7 * block_size - 3, 0, 2]
+
+
+# head_dim 64/128 take the AVX-512 path (float32); 80 and 40 take the portable one.
+SHAPES = [(1, 64, 16), (3, 128, 32), (4, 64, 32), (8, 128, 16), (3, 80, 16), (2, 40, 8)]
+
+
+@pytest.mark.parametrize(("group", "head_dim", "block_size"), SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matches_reference(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> None:
+    kv_heads = 2
+    kv = make_paged_kv(lens_for(block_size), block_size, kv_heads, head_dim, dtype, "cpu")
+    q = torch.randn(len(kv.keys), kv_heads * group, head_dim).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, head_dim**-0.5)
+    expected = paged_decode_attention(*args, backend="reference")
+    got = paged_decode_attention(*args, backend="native")
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    assert not got[kv.context_lens == 0].any()  # an empty context yields zeros, never NaN
+
+
+def test_auto_picks_native_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = make_paged_kv([5, 40], 16, 1, 64, torch.float32, "cpu")
+    q = torch.randn(2, 3, 64)
+    calls = []
+    real = decode_attention_cpu.decode_attention_cpu
+    monkeypatch.setattr(decode_attention_cpu, "decode_attention_cpu", lambda *a: calls.append(1) or real(*a))
+    paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
+    assert calls == [1]
+    paged_decode_attention(q.half(), kv.k_cache.half(), kv.v_cache.half(), kv.block_tables, kv.context_lens, 0.125)
+    assert calls == [1]  # float16 is not supported natively: the reference ran
+
+
+def test_strided_queries_like_the_fused_qkv_output() -> None:
+    # The engine hands over a view of its fused QKV projection: rows far apart, heads contiguous.
+    kv = make_paged_kv([9, 33, 70], 16, 2, 64, torch.float32, "cpu")
+    qkv = torch.randn(3, 8 + 2 + 2, 64)
+    q = qkv[:, :8]
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
+    torch.testing.assert_close(paged_decode_attention(*args, backend="native"),
+                               paged_decode_attention(*args, backend="reference"), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_threads_split_the_batch_without_changing_results(threads: int) -> None:
+    # Enough work that every thread gets sequences, uneven lengths so the split is by context, not count.
+    lens = [700, 3, 1, 512, 260, 90, 1000, 16, 17, 333, 0, 64]
+    kv = make_paged_kv(lens, 16, 4, 128, torch.float32, "cpu")
+    q = torch.randn(len(lens), 32, 128)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 128**-0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = paged_decode_attention(*args, backend="native")
+        torch.set_num_threads(threads)
+        multi = paged_decode_attention(*args, backend="native")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(single, multi)  # each sequence is computed by one thread, the same way
+    torch.testing.assert_close(multi, paged_decode_attention(*args, backend="reference"), **TOL[torch.float32])
+
+
+def test_a_block_id_outside_the_cache_is_refused_not_read() -> None:
+    kv = make_paged_kv([20, 5], 16, 1, 64, torch.float32, "cpu")
+    tables = kv.block_tables.clone()
+    tables[0, 1] = kv.k_cache.shape[0]  # the second page of a 20-token context
+    q = torch.randn(2, 1, 64)
+    with pytest.raises(ValueError, match="block id outside"):
+        paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")
+    tables = kv.block_tables.clone()
+    tables[1, 1:] = -7  # past the 5-token context: never read, so allowed (as the layout says)
+    paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")
+
+
+def test_native_backend_refuses_what_it_cannot_run() -> None:
+    kv = make_paged_kv([3], 16, 1, 64, torch.float16, "cpu")
+    q = torch.randn(1, 1, 64).half()
+    with pytest.raises(ValueError, match="native CPU kernel cannot run"):
+        paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125, backend="native")
+
+
+def test_exp_matches_torch_on_softmax_arguments() -> None:
+    # Scores spread over the whole range the kernel's exp sees (x - max <= 0), one sequence, one head.
+    scores = torch.linspace(-100.0, 0.0, 4099)
+    k_cache = torch.zeros(4099, 1, 1, 16)
+    k_cache[:, 0, 0, 0] = scores  # q = e0 and scale 1: the score of token t is scores[t]
+    v_cache = torch.zeros_like(k_cache)
+    v_cache[:, 0, 0, 1] = torch.arange(4099, dtype=torch.float32)
+    q = torch.zeros(1, 1, 16)
+    q[0, 0, 0] = 1.0
+    table = torch.arange(4099, dtype=torch.int32)[None]
+    lens = torch.tensor([4099], dtype=torch.int32)
+    out = paged_decode_attention(q, k_cache, v_cache, table, lens, 1.0, backend="native")
+    p = torch.softmax(scores.double(), 0)
+    expected = (p * torch.arange(4099, dtype=torch.float64)).sum()
+    assert out[0, 0, 1].item() == pytest.approx(expected.item(), rel=1e-5)

@@ -23,6 +23,14 @@ _MAX_DECODE_BUCKETS = 16
 _MIN_DECODE_BUCKET = 4
 
 
+def block_table_tensor(items: list[ScheduledSeq], lens: list[int], block_size: int, device: torch.device) -> torch.Tensor:
+    """The items' block tables as int32 ``[len(items), blocks of the longest context]``, padded with block 0
+    (entries past a context are never read, so any valid id will do)."""
+    width = -(-max(lens) // block_size)
+    tables = [item.seq.block_table[:width] for item in items]
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+
+
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
@@ -119,9 +127,7 @@ class ModelRunner:
         bs = self.block_size
         lens = [s.seq.num_computed_tokens + 1 for s in decodes]
         if self.native_decode:  # the C kernel reads the paged cache in place: block tables, no gathering
-            width = -(-lens[-1] // bs)  # lens ascend
-            tables = [s.seq.block_table[:width] + [0] * (width - len(s.seq.block_table[:width])) for s in decodes]
-            ctx.decode_block_tables = torch.tensor(tables, dtype=torch.int32)
+            ctx.decode_block_tables = block_table_tensor(decodes, lens, bs, self.device)
             ctx.decode_context_lens = torch.tensor(lens, dtype=torch.int32)
             return
         num_buckets = max(1, min(_MAX_DECODE_BUCKETS, len(decodes) // _MIN_DECODE_BUCKET))
@@ -151,11 +157,9 @@ class ModelRunner:
 
     def _kernel_context(self, ctx: AttentionContext, ordered: list[ScheduledSeq]) -> None:
         lens = [s.seq.num_computed_tokens + s.num_tokens for s in ordered]
-        width = -(-max(lens) // self.block_size)
-        tables = [s.seq.block_table[:width] + [0] * (width - len(s.seq.block_table[:width])) for s in ordered]
         ctx.use_kernels = True
         ctx.max_context_len = max(lens)
-        ctx.block_tables = torch.tensor(tables, dtype=torch.int32, device=self.device)
+        ctx.block_tables = block_table_tensor(ordered, lens, self.block_size, self.device)
         ctx.context_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
         cu = [0]
         for s in ordered:
@@ -205,22 +209,17 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         lens: list[int] = []
-        tables: list[list[int]] = []
         for item in decodes:
             seq, pos = item.seq, item.seq.num_computed_tokens
             input_ids.append(seq.token_ids[pos])
             positions.append(pos)
             slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             lens.append(pos + 1)
-        width = -(-max(lens) // bs)
-        for item in decodes:
-            table = item.seq.block_table[:width]
-            tables.append(table + [0] * (width - len(table)))
-        hidden = self.decode_graphs.run(
+        hidden = self.decode_graphs.run(  # host tensors: run() copies them into the graphs' static buffers
             torch.tensor(input_ids, dtype=torch.long),
             torch.tensor(positions, dtype=torch.long),
             torch.tensor(slots, dtype=torch.long),
-            torch.tensor(tables, dtype=torch.int32),
+            block_table_tensor(decodes, lens, bs, torch.device("cpu")),
             torch.tensor(lens, dtype=torch.int32),
         )
         rows = [i for i, item in enumerate(decodes) if item.samples]

@@ -131,12 +131,14 @@ class LlamaForCausalLM(nn.Module):
 
         `F.linear` multiplies by the weight's transpose; when that transpose is contiguous, MKL's float32
         GEMM reads it as is instead of re-laying-out the whole weight on every call, which at decode batch
-        sizes is a large share of the work (measured 13-33% faster per projection, bit-identical results).
-        The embedding table stays row-major for its row lookups, so a tied LM head keeps that layout.
+        sizes is a large share of the work (bench/cpu_paths.py: 1.03-1.25x per projection, bit-identical).
+        The embedding table stays row-major for its row lookups, and so does the LM head, which measured
+        no faster (a wide [vocab, hidden] matrix).
         """
-        for param in self.parameters():
-            if param.dim() == 2 and param is not self.embed_tokens:
-                param.data = param.data.t().contiguous().t()
+        for layer in self.layers:
+            for param in layer.parameters():
+                if param.dim() == 2:
+                    param.data = param.data.t().contiguous().t()
 
     def use_kernels(self, enabled: bool) -> None:
         """Route norms and rotary embeddings through `folio.kernels` (on by default on CUDA)."""

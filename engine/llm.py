@@ -10,7 +10,7 @@ from typing import Any
 from folio.engine.config import EngineConfig
 from folio.engine.llm_engine import LLMEngine
 from folio.engine.outputs import RequestOutput
-from folio.engine.sampling_params import SamplingParams
+from folio.engine.sampling_params import SamplingParams, offset_seed
 
 Prompt = str | list[int]
 
@@ -66,6 +66,9 @@ class LLM:
                 completions[i][j] = completion
                 if results[i] is None:
                     results[i] = dataclasses.replace(out, request_id=bases[i])
+        failed = [c for done in completions for c in done.values() if c.finish_reason == "error"]
+        if failed:  # the engine logged the cause; the step's other requests failed with it
+            raise RuntimeError(f"{len(failed)} completion(s) failed in the engine")
         final: list[RequestOutput] = []
         for i, res in enumerate(results):
             assert res is not None
@@ -93,7 +96,7 @@ def _fan_out(base: str, params: SamplingParams) -> list[tuple[int, str, Sampling
     if params.n == 1:
         return [(0, base, params)]
     return [
-        (j, f"{base}-{j}", dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + j))
+        (j, f"{base}-{j}", dataclasses.replace(params, n=1, seed=offset_seed(params.seed, j)))
         for j in range(params.n)
     ]
 

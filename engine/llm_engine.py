@@ -31,6 +31,13 @@ GIB = 1 << 30
 _CPU_KV_RAM_SHARE = 0.2
 _CPU_KV_MAX_GIB = 2.0
 _DEFAULT_BATCHED_TOKENS = 2048
+# A step that raises fails its own requests only; this many failing steps in a row mean the engine itself
+# is broken (e.g. a lost device), and the error propagates so that the process can be restarted.
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineBrokenError(RuntimeError):
+    """Steps keep failing whatever they run: the engine cannot serve any more."""
 
 
 class LLMEngine:
@@ -62,6 +69,8 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
         )
         self._seqs: dict[str, Sequence] = {}
+        self.num_failed_steps = 0
+        self._failing_streak = 0
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d, dtype %s, device %s",
             num_blocks, bs, num_blocks * bs, num_blocks * kv_bytes_per_block(model_config, bs, self.dtype) / GIB,
@@ -171,10 +180,16 @@ class LLMEngine:
     # --- stepping ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Runs one scheduled step. An exception from the model or the sampler fails the requests of this
+        step (finish reason "error") and no others; only a run of failing steps raises EngineBrokenError."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        sampled, result = self.runner.step(batch)
+        try:
+            sampled, result = self.runner.step(batch)
+        except Exception as exc:
+            return self._fail([item.seq for item in batch], exc)
+        self._failing_streak = 0
         for item in batch:
             item.seq.num_computed_tokens += item.num_tokens
             self.block_manager.register_full_blocks(item.seq)
@@ -184,10 +199,29 @@ class LLMEngine:
         outputs = []
         for i, item in enumerate(sampled):
             seq = item.seq
-            self._append_token(seq, result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
+            try:
+                self._append_token(seq, result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
+            except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
+                outputs.extend(self._fail([seq], exc, count_step=False))
+                continue
             if seq.is_finished:
                 self._seqs.pop(seq.request_id, None)
             outputs.append(_request_output(seq))
+        return outputs
+
+    def _fail(self, seqs: list[Sequence], exc: Exception, *, count_step: bool = True) -> list[RequestOutput]:
+        if count_step:
+            self.num_failed_steps += 1
+            self._failing_streak += 1
+            if self._failing_streak >= MAX_CONSECUTIVE_STEP_FAILURES:
+                raise EngineBrokenError(f"{self._failing_streak} steps in a row failed; the last: {exc!r}") from exc
+        log.exception("a step failed; failing its %d request(s): %s", len(seqs), [s.request_id for s in seqs])
+        error = f"{type(exc).__name__}: {exc}"
+        outputs = []
+        for seq in seqs:
+            self._finish(seq, "error", None)
+            self._seqs.pop(seq.request_id, None)
+            outputs.append(_request_output(seq, error))
         return outputs
 
     def _append_token(
@@ -233,7 +267,7 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
 
-def _request_output(seq: Sequence) -> RequestOutput:
+def _request_output(seq: Sequence, error: str | None = None) -> RequestOutput:
     text = seq.output_text
     if not seq.is_finished and seq.params.stop and not seq.params.include_stop_str_in_output:
         # hold back what could still turn out to be the start of a stop string
@@ -255,6 +289,7 @@ def _request_output(seq: Sequence) -> RequestOutput:
         finished=seq.is_finished,
         arrival_time=seq.arrival_time,
         first_token_time=seq.first_token_time,
+        error=error,
     )
 
 

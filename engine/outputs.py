@@ -13,7 +13,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "error" | None while running
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
@@ -32,6 +32,7 @@ class RequestOutput:
     finished: bool = False
     arrival_time: float = 0.0
     first_token_time: float | None = None  # monotonic seconds
+    error: str | None = None  # set (with finish_reason "error") when a step failed this request
 
 
 @dataclass

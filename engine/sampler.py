@@ -12,6 +12,8 @@ import torch
 
 from folio.engine.sequence import Sequence
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class SampleResult:
@@ -44,7 +46,8 @@ class Sampler:
             return SampleResult(token_list, per_seq, [0.0] * len(seqs))
         sampled = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
         if top_n is not None:
-            top_vals, top_ids = raw_logprobs.topk(max(top_n, 1), dim=-1) if top_n else (None, None)
+            width = min(max(top_n, 1), raw_logprobs.shape[1])
+            top_vals, top_ids = raw_logprobs.topk(width, dim=-1) if top_n else (None, None)
             for i, n in enumerate(want):
                 if n is None:
                     continue
@@ -75,12 +78,13 @@ class Sampler:
                 row = torch.where(seen, penalised, row)
             row = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
             logits[i] = row
-        return logits
+        # a penalty near 0 divides a logit past float32's range; inf - inf would make the softmax NaN
+        return logits.clamp_(-_FLOAT32_MAX, _FLOAT32_MAX)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
         device = logits.device
         temps = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=device).unsqueeze(1)
-        probs = torch.softmax(logits / temps, dim=-1)
+        probs = torch.softmax((logits / temps).clamp_(-_FLOAT32_MAX, _FLOAT32_MAX), dim=-1)
         top_k = [s.params.top_k for s in seqs]
         top_p = [s.params.top_p for s in seqs]
         min_p = [s.params.min_p for s in seqs]
@@ -110,7 +114,8 @@ def _top_k_top_p(probs: torch.Tensor, top_k: list[int], top_p: list[float]) -> t
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     vocab = probs.shape[1]
     ranks = torch.arange(vocab, device=probs.device).unsqueeze(0)
-    k = torch.tensor([k if k > 0 else vocab for k in top_k], device=probs.device).unsqueeze(1)
+    # any k beyond the vocabulary (up to int64's limit, which the request allows) keeps every token
+    k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=probs.device).unsqueeze(1)
     drop = ranks >= k
     p = torch.tensor(top_p, device=probs.device).unsqueeze(1)
     # keep the smallest prefix whose mass reaches p (the token that crosses p stays)

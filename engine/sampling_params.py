@@ -5,6 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# Temperatures in (0, MIN_TEMPERATURE) are raised to it (as vLLM does): dividing logits by a smaller
+# value overflows float32 and turns the softmax into NaNs. 0 still means greedy.
+MIN_TEMPERATURE = 1e-2
+# torch.Generator.manual_seed takes [-2**63, 2**64); the sampler's index tensors are int64.
+SEED_MIN, SEED_END = -(2**63), 2**64
+SEED_RANGE = range(SEED_MIN, SEED_END)
+INT64_MAX = 2**63 - 1
+
 
 @dataclass
 class SamplingParams:
@@ -42,19 +50,21 @@ class SamplingParams:
         if self.top_k == 0:
             self.top_k = -1
         self._validate()
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     def _validate(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _int(self.n) or self.n < 1:
             raise bad("n", "an integer >= 1")
         if not _finite(self.temperature) or self.temperature < 0:
             raise bad("temperature", "a finite number >= 0")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", "-1 (disabled) or an integer >= 1")
+        if not _int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
+            raise bad("top_k", f"-1 (disabled) or an integer in [1, {INT64_MAX}]")
         if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
             raise bad("min_p", "in [0, 1]")
         if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
@@ -63,15 +73,15 @@ class SamplingParams:
             raise bad("presence_penalty", "in [-2, 2]")
         if not _finite(self.frequency_penalty) or not -2 <= self.frequency_penalty <= 2:
             raise bad("frequency_penalty", "in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise bad("seed", "an integer or None")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if self.seed is not None and (not _int(self.seed) or self.seed not in SEED_RANGE):
+            raise bad("seed", f"None or an integer in [{SEED_RANGE.start}, {SEED_RANGE.stop})")
+        if not _int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "an integer >= 1")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+        if self.logprobs is not None and (not _int(self.logprobs) or not 0 <= self.logprobs <= INT64_MAX):
             raise bad("logprobs", "None or an integer >= 0")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of non-negative token ids")
 
     @property
@@ -83,6 +93,18 @@ class SamplingParams:
         return (
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+
+
+def offset_seed(seed: int | None, k: int) -> int | None:
+    """The seed of a request's k-th choice: ``seed + k``, wrapped to stay a valid generator seed."""
+    if seed is None:
+        return None
+    s = seed + k
+    return s if s < SEED_END else s - (SEED_END - SEED_MIN)
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _finite(x: object) -> bool:

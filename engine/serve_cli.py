@@ -137,4 +137,4 @@ def main(args: argparse.Namespace) -> int:
     server.run()
     if not server.started:
         return 1  # e.g. the port was taken (uvicorn logged why)
-    return 0
+    return 1 if server.engine_died else 0

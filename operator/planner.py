@@ -210,7 +210,8 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionSta
         # /ready turns 503 while draining, so a terminating pod leaves the endpoints at once.
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5,
                            "failureThreshold": 2, "timeoutSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 20, "failureThreshold": 6, "timeoutSeconds": 10},
+        # An engine whose step loop died exits on its own; this catches one that hangs, within 15 s.
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
         "volumeMounts": [
             {"name": "weights", "mountPath": prepull.CACHE_MOUNT, "readOnly": True},

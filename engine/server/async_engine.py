@@ -43,6 +43,10 @@ class RequestAborted(RuntimeError):
     """The server aborted the request (e.g. shutdown drain timed out)."""
 
 
+class RequestFailed(RuntimeError):
+    """A step running this request raised; the engine failed that step's requests and carries on."""
+
+
 @dataclass
 class EngineRequest:
     """One engine sequence of a client request (a request fans out to n × prompts sequences)."""
@@ -72,6 +76,8 @@ class RequestStream:
             item = await self._queue.get()
             if isinstance(item, BaseException):
                 raise item
+            if item.error is not None:
+                raise RequestFailed(f"The engine failed this request: {item.error}")
             if item.finished:
                 self._pending.discard(item.request_id)
             yield item

@@ -4,6 +4,9 @@ Uvicorn's own handling closes the listening socket at once (new clients get conn
 then re-raises the signal, so the process dies by SIGTERM. Kubernetes wants better: /ready turns 503
 immediately, new requests get a 503 the router can retry elsewhere, those in flight finish within
 --shutdown-timeout, and the process exits 0. A second signal stops at once.
+
+An engine whose step loop has died cannot serve again: the server then answers what was in flight,
+stops and exits non-zero, so that its supervisor (`folio up`, or the kubelet) starts a fresh one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.clean_drain: bool | None = None  # set once a drain ran: False if requests were cut short
+        self.engine_died = False  # set when the engine loop died: the process should exit non-zero
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signalled = False
         self._drain_task: asyncio.Task[None] | None = None
@@ -33,6 +37,15 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        error = self.state.engine.error
+        if error is not None and not self.engine_died:
+            self.engine_died = True
+            log.critical("the engine loop died (%r); stopping so that this replica is restarted", error)
+            self.state.draining = True
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Deliberately not recording the signal: uvicorn would re-raise it after shutdown.

@@ -110,6 +110,13 @@ class ServerMetrics:
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds", "Request latency.", label, buckets=E2E_BUCKETS, registry=reg
         )
+        self.request_errors = Counter(
+            "folio_engine_request_errors",
+            "Requests failed by an error inside an engine step (answered 500); the engine kept running.",
+            label,
+            registry=reg,
+        )
+        self.request_errors.labels(model_name)  # exported as 0 from the start, so rate() has a baseline
         self._timings: dict[str, _Timing] = {}
 
     def render(self) -> bytes:
@@ -124,6 +131,10 @@ class ServerMetrics:
     def on_output(self, out: RequestOutput, now: float) -> None:
         t = self._timings.get(out.request_id)
         if t is None or not out.outputs:
+            return
+        if out.error is not None:
+            self._timings.pop(out.request_id)
+            self.request_errors.labels(self.model_name).inc()
             return
         total = len(out.outputs[0].token_ids)
         new = total - t.tokens

@@ -14,7 +14,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 # Largest values the engine is asked to handle; beyond them a request is rejected, not clamped.
 MAX_LOGPROBS = 20
 INT64_MAX = 2**63 - 1
+# JSON integers are unbounded; the sampler's tensors are int64. Every integer field is bounded to that
+# range here, so an extreme value is a 400 naming the field instead of an overflow inside a step.
 Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 def _unicode(text: str) -> str:
@@ -41,12 +44,14 @@ class SamplingRequest(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Text | None = Field(None, description="The served model name; defaults to the one model served.")
-    n: int = Field(1, ge=1, description="Choices to generate per prompt (at most --max-n).")
+    n: int = Field(1, ge=1, le=INT64_MAX, description="Choices to generate per prompt (at most --max-n).")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0 disables it.")
+    top_k: int | None = Field(
+        None, ge=-1, le=INT64_MAX, description="vLLM extension; -1 or 0 disables it, as does any k >= the vocabulary."
+    )
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension.")
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     stop: Text | list[Text] | None = Field(None, description="Strings that end the generation (at most 16).")
     seed: Seed | None = None
     stream: bool = False
@@ -55,7 +60,7 @@ class SamplingRequest(_Request):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=10, description="vLLM extension.")
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence.")
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="vLLM extension.")
+    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM extension.")
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: dict[str, float] | None = Field(None, description="Not supported: must be empty.")
@@ -68,7 +73,7 @@ class CompletionRequest(SamplingRequest):
     )
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = Field(False, description="Prepend the prompt to each choice's text.")
-    best_of: int | None = Field(None, ge=1, description="Only best_of == n is supported.")
+    best_of: int | None = Field(None, ge=1, le=INT64_MAX, description="Only best_of == n is supported.")
     suffix: str | None = Field(None, description="Not supported: must be empty.")
 
 
@@ -96,7 +101,7 @@ class ResponseFormat(_Request):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None

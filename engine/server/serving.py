@@ -15,16 +15,17 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from folio.engine.outputs import RequestOutput
-from folio.engine.sampling_params import SamplingParams
+from folio.engine.sampling_params import SamplingParams, offset_seed
 from folio.engine.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
     EngineRequest,
     RequestAborted,
+    RequestFailed,
     RequestStream,
 )
 from folio.engine.server.errors import OpenAIError, bad_request, unavailable
-from folio.engine.server.protocol import INT64_MAX, SamplingRequest, Usage
+from folio.engine.server.protocol import SamplingRequest, Usage
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,7 @@ class OpenAIServing:
         seqs: list[EngineRequest] = []
         for p, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
             for k in range(req.n):
-                seed = None if req.seed is None else (req.seed + k) % (INT64_MAX + 1)
-                params = self._params(req, seed=seed, max_tokens=budget, logprobs=logprobs)
+                params = self._params(req, seed=offset_seed(req.seed, k), max_tokens=budget, logprobs=logprobs)
                 seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params))
         return seqs
 
@@ -195,10 +195,8 @@ class OpenAIServing:
             raise OpenAIError(499, "The client disconnected.", code="client_disconnected")
         try:
             return work.result()
-        except EngineDeadError as exc:
-            raise unavailable(str(exc), code="engine_unavailable") from exc
-        except RequestAborted as exc:
-            raise unavailable(str(exc), code="shutting_down") from exc
+        except _STREAM_ERRORS as exc:
+            raise stream_error(exc) from exc
 
     async def sse(
         self,
@@ -215,13 +213,22 @@ class OpenAIServing:
                         yield _event(item)
                 for item in tail():
                     yield _event(item)
-            except EngineDeadError as exc:
-                yield _event(unavailable(str(exc), code="engine_unavailable").body())
-            except RequestAborted as exc:
-                yield _event(unavailable(str(exc), code="shutting_down").body())
+            except _STREAM_ERRORS as exc:
+                yield _event(stream_error(exc).body())
             yield "data: [DONE]\n\n"
         finally:
             self.engine.abort(stream.request_ids)
+
+
+_STREAM_ERRORS = (EngineDeadError, RequestAborted, RequestFailed)
+
+
+def stream_error(exc: EngineDeadError | RequestAborted | RequestFailed) -> OpenAIError:
+    """How a request that the engine could not finish is answered (as the response or a final event)."""
+    if isinstance(exc, RequestFailed):  # the engine is fine; this request's step raised (and was logged)
+        return OpenAIError(500, str(exc), code="internal_error")
+    code = "shutting_down" if isinstance(exc, RequestAborted) else "engine_unavailable"
+    return unavailable(str(exc), code=code)
 
 
 def new_id(prefix: str) -> str:

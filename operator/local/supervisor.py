@@ -3,7 +3,9 @@
 Processes are kept in named groups (one per revision, one for the router). Each replica keeps its
 port across restarts, so the router's endpoint list stays valid. A process that exits is restarted
 after an exponential backoff; a group whose processes exited ``crash_limit`` times within
-``crash_window`` seconds is *crash-looping*, which the rollout treats as a failing revision.
+``crash_window`` seconds is *crash-looping*, which the rollout treats as a failing revision. A process
+that was healthy and then fails its health probe for ``unhealthy_timeout`` seconds (alive but unable to
+serve, e.g. hung) is killed, and so restarted like one that exited.
 
 No orphans, whatever happens to `folio up`:
 - every child leads its own process group (``start_new_session``), so stopping it signals the
@@ -66,6 +68,8 @@ class Replica:
     started_at: float = 0.0
     next_start: float = 0.0  # monotonic time of the next (re)start
     ready: bool = False
+    served: bool = False  # answered /health with 200 since it was started
+    unhealthy_since: float | None = None  # monotonic time its probe began failing after it served
     restarts: int = 0
     exits: deque[float] = field(default_factory=deque)  # monotonic times of recent exits
     last_exit_code: int | None = None
@@ -94,6 +98,7 @@ class Supervisor:
         crash_window: float = 120.0,
         crash_limit: int = 3,
         stop_timeout: float = 30.0,
+        unhealthy_timeout: float = 5.0,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.logs_dir = logs_dir
@@ -103,6 +108,7 @@ class Supervisor:
         self.crash_window = crash_window
         self.crash_limit = crash_limit
         self.stop_timeout = stop_timeout
+        self.unhealthy_timeout = unhealthy_timeout
         self.on_event = on_event or (lambda _msg: None)
         self.groups: dict[str, list[Replica]] = {}
         self._stopping: set[asyncio.Future[None]] = set()
@@ -216,7 +222,7 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=_die_with_parent(os.getpid()),  # tiny and fork-safe
             )
-        r.started_at, r.ready = time.monotonic(), False
+        r.started_at, r.ready, r.served, r.unhealthy_since = time.monotonic(), False, False, None
 
     async def _probe(self, r: Replica) -> None:
         try:
@@ -224,6 +230,21 @@ class Supervisor:
             r.ready = resp.status_code == 200
         except httpx.HTTPError:
             r.ready = False
+        if r.ready:
+            r.served, r.unhealthy_since = True, None
+            return
+        if not r.served or r.proc is None:  # still starting up (loading weights), or already gone
+            return
+        now = time.monotonic()
+        if r.unhealthy_since is None:
+            r.unhealthy_since = now
+        elif now - r.unhealthy_since >= self.unhealthy_timeout:
+            self.on_event(
+                f"{r.group} replica {r.index} is alive but failed its health probe for "
+                f"{now - r.unhealthy_since:.1f}s; killing it so that it is restarted (log: {r.log_path})"
+            )
+            self._kill_group(r.proc.pid, signal.SIGKILL)  # the next tick reaps and restarts it
+            r.unhealthy_since = None
 
     async def _stop(self, r: Replica) -> None:
         proc, r.proc, r.ready = r.proc, None, False

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import yaml
@@ -126,17 +127,21 @@ def test_faulty_canary_rolls_back_healthy_one_is_promoted(service: Service) -> N
             == 0
         )
         weights_seen: set[int] = set()
+        poisoned: list[int] = []
 
         def promoted(s: dict[str, Any]) -> bool:
             canary = s["status"].get("canary") or {}
             weights_seen.add(canary.get("weight", 0))
+            if canary.get("weight") and not poisoned:  # both revisions take traffic now
+                poisoned.extend(send_poison(up.router_url, 8))
             return phase(s) == "Promoted"
 
         snap = up.wait_for(promoted, 120, "the promotion")
         time.sleep(1)  # a last second of load on the new stable
     stats = load.snapshot()
-    assert stats.failed == 0, stats.errors[:5]
+    assert stats.failed == 0, stats.errors[:5]  # the poison took no engine down
     assert stats.ok > 20
+    assert poisoned == [400] * 8
     assert {20, 50} <= weights_seen
     assert snap["status"]["stableRevision"] == revision_of(healthy)
     assert snap["status"]["traffic"] == [{"revision": revision_of(healthy), "weight": 100}]
@@ -145,6 +150,14 @@ def test_faulty_canary_rolls_back_healthy_one_is_promoted(service: Service) -> N
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stableRevision"] == revision_of(healthy)
     assert up.stop() == 0  # raises if any process was left behind
+
+
+# The request of the hardening report that used to kill an engine's step loop for good.
+POISON = {"model": NAME, "prompt": "hi", "max_tokens": 2, "top_k": 2**63}
+
+
+def send_poison(router_url: str, times: int) -> list[int]:
+    return [httpx.post(f"{router_url}/v1/completions", json=POISON, timeout=30).status_code for _ in range(times)]
 
 
 def test_killed_engine_is_restarted_and_counted(service: Service) -> None:

@@ -62,6 +62,35 @@ async def test_killed_replica_restarts_on_same_port_and_is_counted(tmp_path: Pat
     await sup.stop_all()
 
 
+async def test_alive_but_unhealthy_replica_is_killed_and_restarted(tmp_path: Path) -> None:
+    """Up, but failing /health after it had served (an engine whose loop died): as good as dead."""
+    events: list[str] = []
+    sup = Supervisor(tmp_path, backoff_base=0.1, unhealthy_timeout=1.0, on_event=events.append)
+    sup.ensure("rev1", 1, fake("--unhealthy-after", "1"))
+    await until(lambda: sup.ready_count("rev1") == 1, sup=sup)
+    [first] = sup.pids("rev1")
+    await until(lambda: sup.ready_count("rev1") == 0, sup=sup)
+    assert sup.pids("rev1") == [first]  # not restarted on the first failed probe
+    await until(lambda: sup.restarts("rev1") == 1, sup=sup)
+    assert any("alive but failed its health probe" in e for e in events)
+    await until(lambda: sup.ready_count("rev1") == 1, sup=sup)  # its successor serves
+    assert sup.pids("rev1") != [first] and not psutil.pid_exists(first)
+    await sup.stop_all()
+
+
+async def test_replica_still_starting_is_not_killed_for_failing_health(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, unhealthy_timeout=0.2)
+    sup.ensure("rev1", 1, fake("--unhealthy-after", "0"))  # never healthy, like an engine loading weights
+    await until(lambda: bool(sup.pids("rev1")), sup=sup)
+    [pid] = sup.pids("rev1")
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        await sup.tick()
+        await asyncio.sleep(0.05)
+    assert sup.pids("rev1") == [pid] and sup.restarts("rev1") == 0
+    await sup.stop_all()
+
+
 async def test_process_that_keeps_dying_is_crash_looping(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path, backoff_base=0.05, backoff_max=0.2, crash_limit=3)
     sup.ensure("bad", 1, lambda _port: [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])

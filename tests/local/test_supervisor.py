@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from folio.operator.local.supervisor import Supervisor
+from tests.support.wait import until as wait_until
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 
@@ -22,12 +23,7 @@ def fake(*extra: str):
 
 
 async def until(cond, timeout: float = 15.0, sup: Supervisor | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        if sup is not None:
-            await sup.tick()
-        await asyncio.sleep(0.05)
+    await wait_until(cond, timeout, tick=sup.tick if sup is not None else None)
 
 
 def descendants() -> list[psutil.Process]:
@@ -118,6 +114,7 @@ import asyncio, sys
 sys.path.insert(0, {str(Path(__file__).parents[2])!r})
 from pathlib import Path
 from folio.operator.local.supervisor import Supervisor
+from tests.support.wait import until as wait_until
 async def main():
     sup = Supervisor(Path({str(tmp_path)!r}))
     sup.ensure("r", 1, lambda port: [sys.executable, {FAKE!r}, str(port)])

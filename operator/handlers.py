@@ -178,6 +178,10 @@ async def _reconcile(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: log
     if sample is not None:
         observed = dataclasses.replace(observed, analysis=sample)
     decision = advance(spec, isvc.generation, status, observed)
+    known = {(f.revision, f.at) for f in status.failed_revisions}
+    for failed in decision.status.failed_revisions:
+        if (failed.revision, failed.at) not in known:
+            metrics.REVISIONS_FAILED.labels(namespace=isvc.namespace, isvc=isvc.name, reason=failed.reason).inc()
     await _apply(ctx, body, isvc, spec, decision.status)
     await _write_status(ctx, isvc, decision.status)
     if decision.overrides_done:  # acted on: remove the annotations so they are not acted on twice

@@ -8,6 +8,7 @@ import kmock
 import pytest
 from prometheus_client import REGISTRY
 
+from folio.operator import metrics
 from folio.operator.spec import InferenceServiceSpec, revision_name
 from tests.operator.harness import (
     NAMESPACE,
@@ -279,7 +280,10 @@ async def test_retry_after_failed_weights_pulls_them_again(cluster: Cluster) -> 
             return any(f["revision"] == rev and f["reason"] == "WeightsFailed"
                        for f in status.get("failedRevisions", []))
 
+        failures = metrics.REVISIONS_FAILED.labels(namespace=NAMESPACE, isvc="chat", reason="WeightsFailed")
+        before = failures._value.get()
         await eventually(weights_failed, what="the revision failed on its weights")
+        assert failures._value.get() == before + 1  # what FolioCanaryRolledBack alerts on
 
         # `folio retry chat` sets this annotation; the old Job must go so the pull runs afresh
         await cluster.call(cluster.kube.merge_patch, "serving.folio.dev/v1alpha1", "InferenceService", NAMESPACE,
@@ -290,8 +294,11 @@ async def test_retry_after_failed_weights_pulls_them_again(cluster: Cluster) -> 
             return job if job is not None and not (job.get("status") or {}).get("conditions") else None
 
         await eventually(pulled_again, what="a fresh pre-pull Job in place of the failed one")
-        isvc = await eventually(cluster.isvc, what="the service")
-        assert "folio.dev/retry" not in (isvc["metadata"].get("annotations") or {})
+
+        async def retry_cleared() -> bool:  # removed in the pass that acted on it, written after the Job
+            return "folio.dev/retry" not in ((await cluster.isvc())["metadata"].get("annotations") or {})
+
+        await eventually(retry_cleared, what="the retry annotation removed once acted on")
         await cluster.set_status("batch/v1", "Job", job_name,
                                  {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
 

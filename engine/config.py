@@ -7,6 +7,16 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# A sanity bound, far above any released model's context (10M tokens): a larger value is a typo.
+MAX_MODEL_LEN_LIMIT = 1 << 25
+
+
+class ConfigValueError(ValueError):
+    """An engine setting out of its range; ``field`` names it (the flag is its kebab-case form)."""
+
+    def __init__(self, field: str, rule: str, value: object) -> None:
+        super().__init__(f"{field} must be {rule}, got {value!r}")
+        self.field, self.rule, self.value = field, rule, value
 
 
 @dataclass
@@ -29,22 +39,25 @@ class EngineConfig:
     tokenizer: str | None = None  # a tokenizer folder; default: the model folder / the GGUF's vocabulary
 
     def __post_init__(self) -> None:
+        def bad(field: str, rule: str) -> ConfigValueError:
+            return ConfigValueError(field, rule, getattr(self, field))
+
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise bad("dtype", f"one of {', '.join(DTYPES)}")
         if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise bad("device", f"one of {', '.join(DEVICES)}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
-            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+            raise bad("block_size", "a power of two >= 1")
+        if self.max_model_len is not None and not 1 <= self.max_model_len <= MAX_MODEL_LEN_LIMIT:
+            raise bad("max_model_len", f"in [1, {MAX_MODEL_LEN_LIMIT}]")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise bad("kv_cache_memory_gib", "> 0")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise bad("gpu_memory_utilization", "in (0, 1]")
         if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+            raise bad("max_num_seqs", ">= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+            raise bad("max_num_batched_tokens", ">= 1")
 
 
 @dataclass

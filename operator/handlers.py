@@ -41,6 +41,7 @@ from folio.operator.spec import (
     VERSION,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    check_name,
 )
 from folio.operator.status import set_condition
 
@@ -162,14 +163,20 @@ async def _reconcile(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: log
     status = InferenceServiceStatus.model_validate(isvc.status)
     try:
         spec = InferenceServiceSpec.model_validate(isvc.obj.get("spec") or {})
+        try:
+            check_name(isvc.name)
+        except ValueError as exc:  # the API server took it, but Folio's children's names would not fit
+            raise PlanningError("InvalidName", str(exc)) from None
         validate(spec)
     except pydantic.ValidationError as exc:
         await _report_invalid(ctx, body, isvc, status, "InvalidSpec", _explain(exc), now, logger)
         return "invalid"
     except PlanningError as exc:
         await _report_invalid(ctx, body, isvc, status, exc.reason, exc.message, now, logger)
-        # Keep what already runs running (and repaired) while the new spec waits for a fix.
-        await _apply(ctx, body, isvc, spec, status)
+        # Keep what already runs running (and repaired) while the new spec waits for a fix; with a name
+        # its children cannot carry, nothing can run.
+        if exc.reason != "InvalidName":
+            await _apply(ctx, body, isvc, spec, status)
         return "invalid"
 
     observed = await _call(observe, ctx.kube, isvc.namespace, isvc.name, spec, status, isvc.annotations, now)

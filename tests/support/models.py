@@ -38,8 +38,11 @@ def make_tiny_llama(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     dtype: str = "float32",
+    **config: Any,
 ) -> Path:
-    """Save a random-weight model of the given family (llama, mistral, qwen2) with a tokenizer.
+    """Save a random-weight model of the given family (a `transformers` model_type: llama, mistral, qwen2,
+    qwen3, gemma3_text, phi3, mixtral, qwen3_moe) with a tokenizer; ``config`` adds family settings
+    (sliding_window, head_dim, num_local_experts, …).
 
     The tokenizer is a byte-level BPE trained on a small corpus (ASCII, accents, CJK and emoji, so
     multi-byte characters are exercised) with exactly ``vocab_size`` ids and a ChatML template.
@@ -63,12 +66,14 @@ def make_tiny_llama(
     )
     if rope_scaling is not None:
         cfg_kwargs["rope_scaling"] = rope_scaling
-    config = AutoConfig.for_model(arch, **cfg_kwargs)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    hf_config = AutoConfig.for_model(arch, **cfg_kwargs, **config)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype))
     with torch.no_grad():  # wider init so random models produce varied, non-degenerate tokens
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
+            elif p.dim() == 1:  # norm weights around their init (1, or 0 for Gemma's 1 + w): not all equal
+                p.add_(torch.randn_like(p) * 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     _save_tokenizer(out_dir, vocab_size)

@@ -143,9 +143,13 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     arch = field.contents() if field is not None else None
     gguf_family(str(arch))  # refuses unsupported architectures with the list of supported ones
     raw = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
-    expert_ffn = reader.fields.get(f"{arch}.expert_feed_forward_length")
-    if expert_ffn is not None:  # MoE experts' width (transformers reads only the dense one)
-        raw["moe_intermediate_size"] = int(expert_ffn.contents())
+    # keys that transformers' mapping leaves to its config defaults for some architectures
+    for key, name in (("attention.key_length", "head_dim"), ("expert_count", "num_experts"),
+                      ("expert_used_count", "num_experts_per_tok"),
+                      ("expert_feed_forward_length", "moe_intermediate_size")):
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is not None:
+            raw[name] = int(field.contents())
     return raw
 
 

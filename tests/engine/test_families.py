@@ -75,7 +75,7 @@ def family_model(tmp_path_factory: pytest.TempPathFactory):
 
     def build(name: str) -> Path:
         if name not in cache:
-            cache[name] = make_tiny_llama(tmp_path_factory.mktemp(name), **FAMILIES[name])
+            cache[name] = make_tiny_llama(tmp_path_factory.mktemp(name), randomize_norms=True, **FAMILIES[name])
         return cache[name]
 
     return build

@@ -126,3 +126,44 @@ def _hf_model(path: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral-window"])
+def test_windows_on_every_attention_path(family_model, family: str) -> None:
+    """The CPU path's native decode kernel, its gather + SDPA fallback, the `folio.kernels` path (what CUDA
+    runs; its reference twins on CPU tensors) and decode graphs over its static buffers (the CPU stand-in
+    for CUDA graphs) give the same tokens, with windows shorter than the contexts."""
+    from folio.engine.cuda_graphs import EagerStepGraph
+
+    prompts = random_prompts(512, (3, 30, 70, 130), seed=4)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    llm = LLM(str(family_model(family)), dtype="float32", block_size=8, max_num_batched_tokens=48)
+    runner = llm.llm_engine.runner
+
+    def tokens() -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+
+    expected = tokens()
+    runner.native_decode = not runner.native_decode
+    assert tokens() == expected
+    runner.use_kernels = True
+    runner.model.use_kernels(True)
+    assert tokens() == expected
+    runner.enable_decode_graphs(graph_factory=EagerStepGraph, max_batch_size=4)
+    assert tokens() == expected
+
+
+def test_unsupported_architecture_fails_at_load_listing_the_supported(tmp_path: Path) -> None:
+    import json
+
+    from folio.engine.models.registry import SUPPORTED_ARCHITECTURES
+
+    path = make_tiny_llama(tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["GPTNeoXForCausalLM"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM") as err:
+        LLM(str(path))
+    for name in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
+                 "Qwen3MoeForCausalLM", "LlamaForCausalLM"):
+        assert name in SUPPORTED_ARCHITECTURES and name in str(err.value)

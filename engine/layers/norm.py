@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folio.engine.layers.kernels import kernels
+from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -30,8 +30,8 @@ class RMSNorm(nn.Module):
         """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
         if self.use_kernels:
             if residual is None:
-                return kernels().rms_norm(x, self.weight, self.eps)
-            return kernels().fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual

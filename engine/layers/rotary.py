@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from folio.engine.layers.kernels import kernels
+from folio.kernels.rotary import apply_rotary_embedding
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -67,7 +67,7 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [N, Hq, D] and k [N, Hkv, D] by their positions [N]."""
         if self.use_kernels:  # in place; strided views of the fused QKV output are fine
-            kernels().apply_rotary_embedding(positions, q, k, self.cos_sin_cache)
+            apply_rotary_embedding(positions, q, k, self.cos_sin_cache)
             return q, k
         cos, sin = cos_sin if cos_sin is not None else self.cos_sin(positions, q.dtype)
         return rotate(q, cos, sin), rotate(k, cos, sin)

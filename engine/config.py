@@ -66,7 +66,6 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     eos_token_ids: list[int] = field(default_factory=list)
-    bos_token_id: int | None = None
     max_model_len: int = 0  # effective context length, set by the engine
 
     @classmethod
@@ -101,5 +100,4 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bias,
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-            bos_token_id=cfg.get("bos_token_id"),
         )

@@ -201,7 +201,6 @@ def _gguf_config(path: Path) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         eos_token_ids=[] if eos is None else [int(eos)],
-        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
     )
 
 

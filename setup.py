@@ -1,14 +1,21 @@
 """Package map: the three top-level folders become `folio.operator`, `folio.engine`, `folio.kernels`.
 
-`operator/` has no `__init__.py` at its top (a regular package named `operator` on the repo root
-would shadow the standard library), so packages are listed here rather than discovered.
+None of the folders has an `__init__.py` at its top: Python started at the repo root would import it as a
+top-level `operator` (shadowing the standard library), `kernels` (a PyPI package that transformers probes)
+or `engine`. So packages are listed here rather than discovered, and `folio.engine`'s package module, which
+holds the offline API (`from folio.engine import LLM, SamplingParams`), lives in `engine/api.py` and is
+installed as `folio/engine/__init__.py`. Editable installs must be strict (`make install` does that): their
+link tree then carries the same rename, which the default editable finder cannot express.
 """
 
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 ROOTS = {"folio.operator": "operator", "folio.engine": "engine", "folio.kernels": "kernels"}
+# package -> the module of its folder that is installed as the package's __init__
+PACKAGE_MODULES = {"folio.engine": "api"}
 
 
 def _packages() -> list[str]:
@@ -19,6 +26,16 @@ def _packages() -> list[str]:
             if sub.is_dir() and sub.name != "__pycache__" and not sub.name.startswith("."):
                 found.append(name + "." + ".".join(sub.relative_to(folder).parts))
     return found
+
+
+class BuildPy(build_py):
+    """Installs each PACKAGE_MODULES module as its package's `__init__.py`: in wheels, and (through
+    `get_output_mapping`, which reads the same module list) in strict editable installs."""
+
+    def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
+        modules = super().find_package_modules(package, package_dir)
+        init = PACKAGE_MODULES.get(package)
+        return [(pkg, "__init__" if module == init else module, path) for pkg, module, path in modules]
 
 
 # The CPU decode-attention kernel (kernels/csrc): plain C, no torch headers, so it builds in about a second.
@@ -32,6 +49,7 @@ CPU_ATTENTION = Extension(
 )
 
 setup(
+    cmdclass={"build_py": BuildPy},
     packages=_packages(),
     ext_modules=[CPU_ATTENTION],
     package_dir=ROOTS,

@@ -18,13 +18,15 @@ if [[ -z "${PY:-}" ]] || ! has_cuda "$PY"; then
   exit 2
 fi
 
-# folio maps folders to packages (kernels/ -> folio.kernels). Without an install, expose them through a
-# throwaway namespace folder rather than installing anything.
-if ! "$PY" -c 'import folio.kernels' 2>/dev/null; then
+# folio maps folders to packages (kernels/ -> folio.kernels; engine/api.py is folio/engine/__init__.py, see
+# setup.py). Without an install, expose them through a throwaway folder of links rather than installing anything.
+if ! "$PY" -c 'from folio.engine import LLM; import folio.kernels.decode_attention' 2>/dev/null; then
   shim=$(mktemp -d)
   trap 'rm -rf "$shim"' EXIT
-  mkdir -p "$shim/folio"
-  for pkg in kernels engine operator; do ln -s "$PWD/$pkg" "$shim/folio/$pkg"; done
+  mkdir -p "$shim/folio/engine"
+  for pkg in kernels operator; do ln -s "$PWD/$pkg" "$shim/folio/$pkg"; done
+  for f in "$PWD"/engine/*; do ln -s "$f" "$shim/folio/engine/"; done
+  ln -s "$PWD/engine/api.py" "$shim/folio/engine/__init__.py"
   export PYTHONPATH="$shim:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 

@@ -86,7 +86,7 @@ def sdpa_baseline(
 
 
 def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[int, ...]) -> None:
-    from folio.kernels import paged_decode_attention
+    from folio.kernels.decode_attention import paged_decode_attention
 
     max_tokens = max(batches) * max(contexts)
     num_blocks = max_tokens // BLOCK_SIZE
@@ -123,7 +123,7 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
 
 
 def bench_prefill(contexts: tuple[int, ...]) -> None:
-    from folio.kernels import paged_prefill_attention
+    from folio.kernels.prefill_attention import paged_prefill_attention
 
     heads, kv_heads = 32, 8                      # Llama-3-8B's geometry, GQA 4:1
     tokens_per_run = 16384

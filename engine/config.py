@@ -77,7 +77,6 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: list[int] = field(default_factory=list)
-    bos_token_id: int | None = None
     max_model_len: int = 0  # effective context length, set by the engine
     hf: Any = field(default=None, repr=False)
 
@@ -103,6 +102,5 @@ class ModelConfig:
             max_position_embeddings=getattr(hf, "max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", getattr(hf, "tie_word_embeddings", False))),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-            bos_token_id=raw.get("bos_token_id", getattr(hf, "bos_token_id", None)),
             hf=hf,
         )

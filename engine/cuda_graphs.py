@@ -161,7 +161,6 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[:size],
             prefills=[],
             num_prefill_tokens=0,
-            num_decodes=size,
             use_kernels=True,
             max_context_len=self.max_model_len,
             block_tables=self.block_tables[:size],

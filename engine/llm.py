@@ -9,7 +9,7 @@ from typing import Any
 
 from folio.engine.config import EngineConfig
 from folio.engine.llm_engine import LLMEngine
-from folio.engine.outputs import RequestOutput
+from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
 
 Prompt = str | list[int]
@@ -56,16 +56,21 @@ class LLM:
             raise
         results: list[RequestOutput | None] = [None] * len(prompt_list)
         completions: list[dict[int, Any]] = [{} for _ in prompt_list]
+        steps: dict[str, list[RequestOutput]] = {rid: [] for rid in where}  # each request's step outputs
         while engine.has_unfinished_requests():
             for out in engine.step():
-                if not out.finished or out.request_id not in where:
+                if out.request_id not in where:
                     continue
+                steps[out.request_id].append(out)
+                if not out.finished:
+                    continue
+                whole = merge_outputs(steps.pop(out.request_id))
                 i, j = where[out.request_id]
-                completion = out.outputs[0]
+                completion = whole.outputs[0]
                 completion.index = j
                 completions[i][j] = completion
                 if results[i] is None:
-                    results[i] = dataclasses.replace(out, request_id=bases[i])
+                    results[i] = dataclasses.replace(whole, request_id=bases[i])
         failed = [c for done in completions for c in done.values() if c.finish_reason == "error"]
         if failed:  # the engine logged the cause; the step's other requests failed with it
             raise RuntimeError(f"{len(failed)} completion(s) failed in the engine")

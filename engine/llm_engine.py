@@ -1,4 +1,4 @@
-"""The engine: requests in, one scheduler step at a time, cumulative outputs back.
+"""The engine: requests in, one scheduler step at a time, what each request gained in it back.
 
 Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. On CUDA,
 decode-only steps replay CUDA graphs captured at start-up (`folio.engine.cuda_graphs`); prefill and mixed
@@ -17,7 +17,7 @@ from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
-from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import Scheduler
 from folio.engine.sequence import Sequence
@@ -180,117 +180,27 @@ class LLMEngine:
     # --- stepping ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Runs one scheduled step. An exception from the model or the sampler fails the requests of this
-        step (finish reason "error") and no others; only a run of failing steps raises EngineBrokenError."""
+        """Runs one scheduled step; returns what each request gained in it. An exception from the model or
+        the sampler fails the requests of this step (finish reason "error") and no others; only a run of
+        failing steps raises EngineBrokenError."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
         try:
             sampled, result = self.runner.step(batch)
         except Exception as exc:
-            return self._fail([item.seq for item in batch], exc)
-        self._failing_streak = 0
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.block_manager.register_full_blocks(item.seq)
-        if result is None:
-            return []
-        now = time.monotonic()
-        outputs = []
-        for i, item in enumerate(sampled):
-            seq = item.seq
-            try:
-                self._append_token(seq, result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
-            except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
-                outputs.extend(self._fail([seq], exc, count_step=False))
-                continue
-            if seq.is_finished:
-                self._seqs.pop(seq.request_id, None)
-            outputs.append(_request_output(seq))
-        return outputs
-
-    def _fail(self, seqs: list[Sequence], exc: Exception, *, count_step: bool = True) -> list[RequestOutput]:
-        if count_step:
             self.num_failed_steps += 1
             self._failing_streak += 1
             if self._failing_streak >= MAX_CONSECUTIVE_STEP_FAILURES:
                 raise EngineBrokenError(f"{self._failing_streak} steps in a row failed; the last: {exc!r}") from exc
-        log.exception("a step failed; failing its %d request(s): %s", len(seqs), [s.request_id for s in seqs])
-        error = f"{type(exc).__name__}: {exc}"
-        outputs = []
-        for seq in seqs:
-            self._finish(seq, "error", None)
-            self._seqs.pop(seq.request_id, None)
-            outputs.append(_request_output(seq, error))
-        return outputs
-
-    def _append_token(
-        self, seq: Sequence, token: int, logprob: float, top: dict[int, float] | None, now: float
-    ) -> None:
-        params = seq.params
-        seq.token_ids.append(token)
-        seq.cumulative_logprob += logprob
-        if seq.logprobs is not None and top is not None:
-            seq.logprobs.append(top)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        if token in params.stop_token_ids:
-            self._finish(seq, "stop", token)
-            return
-        if not params.ignore_eos and token in seq.eos_token_ids:
-            self._finish(seq, "stop", None)
-            return
-        assert seq.detokenizer is not None
-        new = seq.detokenizer.add(token)
-        seq.output_text += new
-        if new and params.stop:
-            self._check_stop_strings(seq, len(new))
+            updated = self.scheduler.fail([item.seq for item in batch], exc)
+        else:
+            self._failing_streak = 0
+            updated = self.scheduler.postprocess(batch, sampled, result, time.monotonic())
+        for seq in updated:
             if seq.is_finished:
-                return
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= seq.max_total_tokens:
-            self._finish(seq, "length", None)
-
-    def _check_stop_strings(self, seq: Sequence, num_new_chars: int) -> None:
-        text = seq.output_text
-        longest = max(len(s) for s in seq.params.stop)
-        start = max(0, len(text) - num_new_chars - longest + 1)
-        hits = [(i, s) for s in seq.params.stop if (i := text.find(s, start)) != -1]
-        if not hits:
-            return
-        idx, stop = min(hits)
-        end = idx + len(stop) if seq.params.include_stop_str_in_output else idx
-        seq.output_text = text[:end]
-        self._finish(seq, "stop", stop)
-
-    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None) -> None:
-        seq.finish_reason, seq.stop_reason = reason, stop_reason
-        self.scheduler.finish(seq)
-
-
-def _request_output(seq: Sequence, error: str | None = None) -> RequestOutput:
-    text = seq.output_text
-    if not seq.is_finished and seq.params.stop and not seq.params.include_stop_str_in_output:
-        # hold back what could still turn out to be the start of a stop string
-        text = text[: max(0, len(text) - max(len(s) for s in seq.params.stop) + 1)]
-    completion = CompletionOutput(
-        index=0,
-        text=text,
-        token_ids=seq.output_token_ids,
-        finish_reason=seq.finish_reason,
-        stop_reason=seq.stop_reason,
-        logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-        cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-    )
-    return RequestOutput(
-        request_id=seq.request_id,
-        prompt=seq.prompt,
-        prompt_token_ids=seq.prompt_token_ids,
-        outputs=[completion],
-        finished=seq.is_finished,
-        arrival_time=seq.arrival_time,
-        first_token_time=seq.first_token_time,
-        error=error,
-    )
+                del self._seqs[seq.request_id]
+        return [seq.take_output() for seq in updated]
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,6 +14,7 @@ from folio.engine.models.base import DecoderLM
 from folio.engine.sampler import Sampler, SampleResult
 from folio.engine.scheduler import ScheduledSeq
 from folio.kernels import decode_attention_cpu
+from folio.kernels.layout import allocate_kv_cache, kv_cache_block_bytes
 
 if TYPE_CHECKING:
     from folio.engine.cuda_graphs import DecodeGraphs, GraphFactory
@@ -31,9 +33,57 @@ def block_table_tensor(items: list[ScheduledSeq], lens: list[int], block_size: i
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
 
 
+@dataclass
+class StepInputs:
+    """One step's tokens laid out as the attention context expects (`folio.engine.layers.context`): the
+    prefill chunks, then the decodes by ascending context length (so length buckets are row ranges)."""
+
+    ordered: list[ScheduledSeq]
+    num_prefill_tokens: int
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # the cache slot of each token's K/V
+    context_lens: list[int] = field(default_factory=list)  # per sequence, this step's tokens included
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)  # each sampling sequence's last row, as `sampling`
+
+    @property
+    def decodes(self) -> list[ScheduledSeq]:
+        return self.ordered[len(self.prefills) :]
+
+    @property
+    def sampling(self) -> list[ScheduledSeq]:
+        return [item for item in self.ordered if item.samples]
+
+
+def prepare_inputs(batch: list[ScheduledSeq], block_size: int, device: torch.device) -> StepInputs:
+    """The step's flat token batch, shared by the eager and the CUDA-graph paths."""
+    prefills = [s for s in batch if s.num_tokens > 1]
+    decodes = sorted((s for s in batch if s.num_tokens == 1), key=lambda s: s.seq.num_computed_tokens)
+    inputs = StepInputs(prefills + decodes, num_prefill_tokens=sum(s.num_tokens for s in prefills))
+    bs = block_size
+    for item in inputs.ordered:
+        seq, start = item.seq, item.seq.num_computed_tokens
+        end = start + item.num_tokens
+        row = len(inputs.input_ids)
+        table = seq.block_table
+        inputs.input_ids.extend(seq.token_ids[start:end])
+        inputs.positions.extend(range(start, end))
+        inputs.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        inputs.context_lens.append(end)
+        if item.num_tokens > 1:
+            blocks = None
+            if start > 0:
+                blocks = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device)
+            inputs.prefills.append(PrefillSegment(row, row + item.num_tokens, end, blocks))
+        if item.samples:
+            inputs.logit_rows.append(row + item.num_tokens - 1)
+    return inputs
+
+
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+    """What one KV-cache block of this model costs, all layers' keys and values together."""
+    return kv_cache_block_bytes(block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, cfg.num_hidden_layers)
 
 
 class ModelRunner:
@@ -54,11 +104,9 @@ class ModelRunner:
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self.kv_caches = allocate_kv_cache(
+            cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device
+        )
         self.sampler = Sampler(seed, device)
         self.use_kernels = device.type == "cuda"
         model.use_kernels(self.use_kernels)
@@ -75,57 +123,34 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
+        inputs = prepare_inputs(batch, self.block_size, self.device)
         if self._fits_decode_graphs(batch):
-            return self._graph_decode_step(batch)
-        prefills = [s for s in batch if s.num_tokens > 1]
-        # decodes sorted by context length, so that length buckets are contiguous row ranges
-        decodes = sorted((s for s in batch if s.num_tokens == 1), key=lambda s: s.seq.num_computed_tokens)
-        ordered = prefills + decodes
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        bs = self.block_size
-        segments: list[PrefillSegment] = []
-        logit_rows: list[int] = []
-        for item in ordered:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_tokens
-            row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if item.num_tokens > 1:
-                blocks = None
-                if start > 0:
-                    blocks = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=self.device)
-                segments.append(PrefillSegment(row, row + item.num_tokens, end, blocks))
-            if item.samples:
-                logit_rows.append(row + item.num_tokens - 1)
-        num_prefill_tokens = sum(s.num_tokens for s in prefills)
+            return self._graph_decode_step(inputs)
+        decodes = inputs.decodes
         ctx = AttentionContext(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            prefills=segments,
-            num_prefill_tokens=num_prefill_tokens,
-            num_decodes=len(decodes),
+            slot_mapping=torch.tensor(inputs.slots, dtype=torch.long, device=self.device),
+            prefills=inputs.prefills,
+            num_prefill_tokens=inputs.num_prefill_tokens,
         )
         if self.use_kernels:
-            self._kernel_context(ctx, ordered)
+            self._kernel_context(ctx, inputs)
         elif decodes:
-            self._decode_context(ctx, decodes, num_prefill_tokens)
+            lens = inputs.context_lens[len(inputs.prefills) :]
+            self._decode_context(ctx, decodes, lens, inputs.num_prefill_tokens)
 
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, self.kv_caches, ctx)
-        sampling = [s for s in ordered if s.samples]
+        sampling = inputs.sampling
         if not sampling:
             return [], None
-        logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=self.device)])
+        logits = self.model.compute_logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
         return sampling, self.sampler(logits, [s.seq for s in sampling])
 
-    def _decode_context(self, ctx: AttentionContext, decodes: list[ScheduledSeq], first_row: int) -> None:
+    def _decode_context(
+        self, ctx: AttentionContext, decodes: list[ScheduledSeq], lens: list[int], first_row: int
+    ) -> None:
         bs = self.block_size
-        lens = [s.seq.num_computed_tokens + 1 for s in decodes]
         if self.native_decode:  # the C kernel reads the paged cache in place: block tables, no gathering
             ctx.decode_block_tables = block_table_tensor(decodes, lens, bs, self.device)
             ctx.decode_context_lens = torch.tensor(lens, dtype=torch.int32)
@@ -155,15 +180,13 @@ class ModelRunner:
             self._gather = (torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
         return self._gather
 
-    def _kernel_context(self, ctx: AttentionContext, ordered: list[ScheduledSeq]) -> None:
-        lens = [s.seq.num_computed_tokens + s.num_tokens for s in ordered]
+    def _kernel_context(self, ctx: AttentionContext, inputs: StepInputs) -> None:
+        lens = inputs.context_lens
         ctx.use_kernels = True
         ctx.max_context_len = max(lens)
-        ctx.block_tables = block_table_tensor(ordered, lens, self.block_size, self.device)
+        ctx.block_tables = block_table_tensor(inputs.ordered, lens, self.block_size, self.device)
         ctx.context_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
-        cu = [0]
-        for s in ordered:
-            cu.append(cu[-1] + s.num_tokens)
+        cu = [0, *itertools.accumulate(s.num_tokens for s in inputs.ordered)]
         ctx.cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device=self.device)
 
     # --- CUDA graphs for decode steps (folio.engine.cuda_graphs) -----------------------------------------
@@ -200,33 +223,21 @@ class ModelRunner:
             and all(item.num_tokens == 1 for item in batch)
         )
 
-    def _graph_decode_step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
+    def _graph_decode_step(self, inputs: StepInputs) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """A decode-only step through the captured graphs; logits and sampling run eagerly after them."""
-        assert self.decode_graphs is not None
-        bs = self.block_size
-        decodes = sorted(batch, key=lambda s: s.seq.num_computed_tokens)  # the eager path's row order
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        lens: list[int] = []
-        for item in decodes:
-            seq, pos = item.seq, item.seq.num_computed_tokens
-            input_ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            lens.append(pos + 1)
+        assert self.decode_graphs is not None and not inputs.prefills
         hidden = self.decode_graphs.run(  # host tensors: run() copies them into the graphs' static buffers
-            torch.tensor(input_ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            torch.tensor(slots, dtype=torch.long),
-            block_table_tensor(decodes, lens, bs, torch.device("cpu")),
-            torch.tensor(lens, dtype=torch.int32),
+            torch.tensor(inputs.input_ids, dtype=torch.long),
+            torch.tensor(inputs.positions, dtype=torch.long),
+            torch.tensor(inputs.slots, dtype=torch.long),
+            block_table_tensor(inputs.ordered, inputs.context_lens, self.block_size, torch.device("cpu")),
+            torch.tensor(inputs.context_lens, dtype=torch.int32),
         )
-        rows = [i for i, item in enumerate(decodes) if item.samples]
+        rows = inputs.logit_rows  # one row per decode: the rows of those that sample
         if not rows:  # a one-token prefill chunk that is not the prompt's last
             return [], None
-        if len(rows) < len(decodes):
+        if len(rows) < len(inputs.ordered):
             hidden = hidden[torch.tensor(rows, device=self.device)]
-        sampling = [decodes[i] for i in rows]
+        sampling = inputs.sampling
         logits = self.model.compute_logits(hidden)
         return sampling, self.sampler(logits, [s.seq for s in sampling])

@@ -1,22 +1,28 @@
-"""What the engine hands back per request and step (the vLLM shape)."""
+"""What the engine hands back per request and step (the vLLM shape, ``RequestOutputKind.DELTA``).
+
+Each step's output of a request carries only what is new since its previous output, so following a
+stream costs time linear in its length. `merge_outputs` puts a request's outputs back together into the
+whole answer (the offline `LLM.generate` and non-streaming responses).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence. ``text`` and ``token_ids`` are cumulative; ``text`` never ends in a
-    partial multi-byte character."""
+    """One generated sequence: in a step's output, the text and tokens new in that step. ``text`` never
+    ends in a partial multi-byte character, nor in what might still become a stop string."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "error" | None while running
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
-    logprobs: list[dict[int, float]] | None = None
-    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, float]] | None = None  # one {token: logprob} per token of token_ids
+    cumulative_logprob: float | None = None  # of every token so far
 
     @property
     def finished(self) -> bool:
@@ -33,6 +39,22 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None  # monotonic seconds
     error: str | None = None  # set (with finish_reason "error") when a step failed this request
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One request's step outputs, in order, as one output holding everything generated so far."""
+    last = outputs[-1]
+    parts = [o.outputs[0] for o in outputs]
+    logprobs = None
+    if last.outputs[0].logprobs is not None:
+        logprobs = [entry for p in parts for entry in p.logprobs or ()]
+    whole = dataclasses.replace(
+        last.outputs[0],
+        text="".join(p.text for p in parts),
+        token_ids=[t for p in parts for t in p.token_ids],
+        logprobs=logprobs,
+    )
+    return dataclasses.replace(last, outputs=[whole])
 
 
 @dataclass

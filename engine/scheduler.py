@@ -5,15 +5,27 @@ waits behind a long prompt; a prompt larger than what is left of the budget is p
 several steps. Waiting requests join between steps while the budget, ``max_num_seqs`` and free KV blocks
 allow. When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it returns to the head of the queue, to be recomputed later.
+
+After the step has run, `postprocess` does all of its bookkeeping: the scheduled tokens count as computed
+(their full blocks join the prefix cache), each sampled sequence takes its token, and those that are done
+(stop token, end of sequence, stop string, length) finish and free their blocks. A step that failed goes
+to `fail` instead, which finishes its sequences with the reason "error".
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from folio.engine.block_manager import BlockManager
 from folio.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from folio.engine.sampler import SampleResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,6 +112,42 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions_total += 1
 
+    def postprocess(
+        self, batch: list[ScheduledSeq], sampled: list[ScheduledSeq], result: SampleResult | None, now: float
+    ) -> list[Sequence]:
+        """The bookkeeping of a step that ran ``batch``, in which ``sampled`` got the tokens of ``result``.
+        Returns the sequences with news for their clients (those that got a token), in ``sampled`` order."""
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_tokens
+            assert item.seq.num_computed_tokens <= len(item.seq)
+            self.block_manager.register_full_blocks(item.seq)
+        if result is None:
+            return []
+        assert len(result.token_ids) == len(sampled)
+        for i, item in enumerate(sampled):
+            seq = item.seq
+            assert seq.num_computed_tokens == len(seq), "sampled before its last token was computed"
+            seq.append_token(result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
+            try:
+                done = _check_stop(seq, result.token_ids[i])
+            except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
+                self.fail([seq], exc)
+                continue
+            if done is not None:
+                seq.finish_reason, seq.stop_reason = done
+                self.finish(seq)
+        return [item.seq for item in sampled]
+
+    def fail(self, seqs: list[Sequence], exc: Exception) -> list[Sequence]:
+        """Finish ``seqs`` with the reason "error" (a step running them raised ``exc``); returns them."""
+        log.error("a step failed; failing its %d request(s): %s", len(seqs), [s.request_id for s in seqs],
+                  exc_info=exc)
+        for seq in seqs:
+            seq.finish_reason, seq.stop_reason = "error", None
+            seq.error = f"{type(exc).__name__}: {exc}"
+            self.finish(seq)
+        return seqs
+
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks."""
         if seq.status is SequenceStatus.RUNNING:
@@ -108,3 +156,19 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+
+
+def _check_stop(seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
+    """Whether ``token``, just appended, ends ``seq``: (finish reason, stop reason), or None to go on.
+    A stop or end-of-sequence token adds no text; any other token is detokenized first."""
+    params = seq.params
+    if token in params.stop_token_ids:  # type: ignore[operator]
+        return "stop", token
+    if not params.ignore_eos and token in seq.eos_token_ids:
+        return "stop", None
+    stop = seq.detokenize(token)
+    if stop is not None:
+        return "stop", stop
+    if seq.num_output_tokens >= params.max_tokens or len(seq) >= seq.max_total_tokens:
+        return "length", None
+    return None

@@ -1,12 +1,13 @@
-"""One request's tokens and progress through the engine."""
+"""One request's tokens and progress through the engine, and what it hands out at each step."""
 
 from __future__ import annotations
 
 import enum
-import itertools
 import time
 from typing import TYPE_CHECKING
 
+from folio.engine.output_text import OutputText
+from folio.engine.outputs import CompletionOutput, RequestOutput
 from folio.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -19,9 +20,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-_ids = itertools.count()
 
 
 class Sequence:
@@ -41,10 +39,10 @@ class Sequence:
         max_total_tokens: int,
         eos_token_ids: frozenset[int],
     ) -> None:
-        self.seq_id = next(_ids)
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)  # handed out with every output, never copied
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_total_tokens = max_total_tokens  # prompt + max_tokens, capped at max_model_len
@@ -53,22 +51,21 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the leading full blocks registered in the cache
-        self.output_text = ""
+        self.text = OutputText(params.stop, params.include_stop_str_in_output)  # type: ignore[arg-type]
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
-        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.error: str | None = None  # why a step failed this sequence (finish reason "error")
         self.cumulative_logprob = 0.0
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.generator: torch.Generator | None = None  # per-request RNG when params.seed is set
         self.detokenizer: IncrementalDetokenizer | None = None
+        # what the next output hands out: tokens from num_sent_tokens on, and their top logprobs
+        self.num_sent_tokens = self.num_prompt_tokens
+        self._new_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
 
     def __len__(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -85,3 +82,44 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def append_token(self, token: int, logprob: float, top: dict[int, float] | None, now: float) -> None:
+        self.token_ids.append(token)
+        self.cumulative_logprob += logprob
+        if self._new_logprobs is not None and top is not None:
+            self._new_logprobs.append(top)
+        if self.first_token_time is None:
+            self.first_token_time = now
+
+    def detokenize(self, token: int) -> str | None:
+        """Adds the text of a generated token; returns the stop string it completes, if any."""
+        assert self.detokenizer is not None
+        return self.text.add(self.detokenizer.add(token))
+
+    def take_output(self) -> RequestOutput:
+        """What the sequence gained since its last output (vLLM's ``RequestOutputKind.DELTA``): its new
+        tokens and their logprobs, and the new text that can no longer be claimed by a stop string."""
+        token_ids = self.token_ids[self.num_sent_tokens :]
+        self.num_sent_tokens = len(self.token_ids)
+        logprobs = self._new_logprobs
+        if logprobs is not None:
+            self._new_logprobs = []
+        completion = CompletionOutput(
+            index=0,
+            text=self.text.take(self.is_finished),
+            token_ids=token_ids,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=logprobs,
+            cumulative_logprob=self.cumulative_logprob if logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[completion],
+            finished=self.is_finished,
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            error=self.error,
+        )

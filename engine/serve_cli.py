@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
-    from folio.engine.server.gateway import Faults
+    from folio.engine.server.admission import Faults
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +83,7 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     """Every check `folio serve` makes of its flags before loading anything; the operator and `folio up`
     run the same on a spec's engine args at plan time. Raises FlagError naming the flag."""
     from folio.engine.config import ConfigValueError, EngineConfig
-    from folio.engine.server.gateway import Faults
+    from folio.engine.server.admission import Faults
 
     for dest, minimum in _SERVER_MINIMUMS.items():
         if getattr(args, dest) < minimum:

@@ -14,8 +14,9 @@ from folio.operator.cli import COMMANDS, build_parser
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_operator_folder_has_no_init() -> None:
-    assert not (ROOT / "operator" / "__init__.py").exists()
+@pytest.mark.parametrize("folder", ["operator", "engine", "kernels"])
+def test_package_folders_have_no_init(folder: str) -> None:
+    assert not (ROOT / folder / "__init__.py").exists()
 
 
 def test_stdlib_operator_not_shadowed_at_repo_root() -> None:
@@ -40,14 +41,43 @@ def test_python_dash_m_works_at_repo_root() -> None:
     assert "option_strings" not in out.stdout  # a stray % in a help string garbles argparse's output
 
 
+def test_bare_engine_and_kernels_run_no_folio_code_at_repo_root() -> None:
+    # Only folio.engine and folio.kernels are Folio's; at the repo root the bare names are empty namespaces.
+    out = subprocess.run(
+        [sys.executable, "-c", "import engine, kernels; print(engine.__file__, kernels.__file__, "
+         "hasattr(engine, 'LLM'), sorted(k for k in kernels.__dict__ if not k.startswith('__')))"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.split() == ["None", "None", "False", "[]"]
+
+
+def test_transformers_kernels_probe_is_the_same_at_repo_root(tmp_path: Path) -> None:
+    # transformers probes the PyPI package `kernels` with importlib; Folio's kernels/ must not answer it
+    probe = "from transformers.utils.import_utils import is_kernels_available; print(is_kernels_available())"
+    here, elsewhere = (
+        subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, check=True).stdout
+        for cwd in (ROOT, tmp_path)
+    )
+    assert here == elsewhere and here.strip() in ("True", "False")
+
+
+def test_offline_api_imports_from_the_repo_root_and_elsewhere(tmp_path: Path) -> None:
+    code = "from folio.engine import LLM, SamplingParams; print(LLM.__module__, SamplingParams.__module__)"
+    for cwd in (ROOT, tmp_path):
+        out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["folio.engine.llm", "folio.engine.sampling_params"]
+
+
 def test_packages_map_to_folders() -> None:
     import folio.engine
-    import folio.kernels
+    import folio.kernels.decode_attention
     import folio.operator.spec
 
-    assert Path(folio.operator.spec.__file__).parent == ROOT / "operator"
-    assert Path(folio.engine.__file__).parent == ROOT / "engine"
-    assert Path(folio.kernels.__file__).parent == ROOT / "kernels"
+    # an editable install links the sources, a regular one copies them: both resolve here in a checkout
+    assert Path(folio.operator.spec.__file__).resolve().parent == ROOT / "operator"
+    assert Path(folio.engine.__file__).resolve() == ROOT / "engine" / "api.py"  # folio.engine's package module
+    assert Path(folio.kernels.decode_attention.__file__).resolve().parent == ROOT / "kernels"
 
 
 def test_every_design_command_is_registered() -> None:
@@ -76,20 +106,37 @@ def test_cli_is_quick_to_start() -> None:
 
 def test_wheel_maps_folders_into_the_folio_namespace(tmp_path: Path) -> None:
     # `pip install .` (not editable) must ship folio/operator, folio/engine, folio/kernels and nothing at top level
+    import shutil
     import zipfile
 
+    # built from a copy of what the Dockerfile copies: an in-tree build/lib would keep files deleted since
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("operator", "engine", "kernels"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
         check=True, capture_output=True,
     )
     wheel = next(tmp_path.glob("folio-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for required in ("folio/operator/cli.py", "folio/operator/spec.py", "folio/engine/digest.py", "folio/kernels/__init__.py"):
+    # exactly the modules of the three folders, engine/api.py under its installed name
+    modules = {f"folio/{p.relative_to(src).as_posix()}" for f in ("operator", "engine", "kernels")
+               for p in (src / f).rglob("*.py")}
+    modules = {"folio/engine/__init__.py" if m == "folio/engine/api.py" else m for m in modules}
+    assert {n for n in names if n.endswith(".py")} == modules
+    for required in ("folio/operator/cli.py", "folio/operator/spec.py", "folio/engine/digest.py",
+                     "folio/engine/__init__.py", "folio/kernels/decode_attention.py"):
         assert required in names
+    # engine/api.py is folio.engine's package module; the wheel carries it under that name only
+    wheel_init = zipfile.ZipFile(wheel).read("folio/engine/__init__.py").decode()
+    assert wheel_init == (ROOT / "engine" / "api.py").read_text() and "folio/engine/api.py" not in names
     # the CPU attention kernel is compiled into the package (kernels/csrc/paged_decode_cpu.c)
     assert any(n.startswith("folio/kernels/_cpu_attention") and n.endswith(".so") for n in names)
     assert not any(n.startswith(("operator/", "engine/", "kernels/", "tests/")) for n in names)
-    assert not any(n == "folio/operator/__init__.py" or n == "folio/__init__.py" for n in names)
+    assert not any(n in ("folio/__init__.py", "folio/operator/__init__.py", "folio/kernels/__init__.py") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "folio = folio.operator.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -99,3 +146,22 @@ def test_closed_stdout_pipe_is_not_a_traceback(folio_bin: str) -> None:
     proc = subprocess.run(f"'{folio_bin}' --help | head -c 10 >/dev/null; exit ${{PIPESTATUS[0]}}",
                           shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" not in proc.stderr
+
+
+def test_a_stale_editable_link_tree_is_reported(tmp_path: Path) -> None:
+    from tests.support.editable import link_tree, python_sources, stale_links
+
+    src, tree = tmp_path / "src", tmp_path / "tree"
+    src.mkdir()
+    tree.mkdir()
+    for name in ("kept.py", "added.py", "gone.py"):
+        (src / name).write_text("")
+    (tree / "kept.py").symlink_to(src / "kept.py")
+    (tree / "__init__.py").symlink_to(src / "kept.py")  # a renamed link (engine/api.py) counts as a link
+    (tree / "gone.py").symlink_to(src / "gone.py")
+    (src / "gone.py").unlink()
+    sources = sorted(src.glob("*.py"))
+    assert stale_links(tree, sources) == [f"not linked: {src / 'added.py'}", f"removed: {src / 'gone.py'}"]
+    # and this checkout's own install is up to date (else the session would not have started)
+    tree_here = link_tree()
+    assert tree_here is None or stale_links(tree_here, python_sources()) == []

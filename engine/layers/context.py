@@ -47,7 +47,6 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each token's K/V
     prefills: list[PrefillSegment]
     num_prefill_tokens: int
-    num_decodes: int
     # decode side (CPU path): the native kernel over block tables, or else gather K/V by block table into
     # reused buffers and mask the padding, bucket by bucket
     decode_block_tables: torch.Tensor | None = None  # [num_decodes, M] int32

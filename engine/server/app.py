@@ -11,11 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from folio.engine.server.admission import AdmissionMiddleware, Faults, ServerState
 from folio.engine.server.async_engine import AsyncEngine, EngineCore
 from folio.engine.server.chat import create_chat_completion
 from folio.engine.server.completions import create_completion
 from folio.engine.server.errors import install_error_handlers
-from folio.engine.server.gateway import Faults, Gateway, ServerState
 from folio.engine.server.metrics import ServerMetrics
 from folio.engine.server.protocol import (
     ChatCompletionRequest,
@@ -62,7 +62,7 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
     app.state.server = state
     app.state.serving = serving
     install_error_handlers(app)
-    app.add_middleware(Gateway, state=state)
+    app.add_middleware(AdmissionMiddleware, state=state)
 
     @app.post(
         "/v1/completions",

@@ -131,10 +131,6 @@ class AsyncEngine:
         """Sequences not yet scheduled: being handed to the engine, or waiting in its queue."""
         return self._pending_adds + self.stats.num_waiting
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
     # ------------------------------------------------------------ requests (event loop side)
 
     async def generate(self, seqs: list[EngineRequest]) -> RequestStream:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from folio.engine.outputs import RequestOutput
+from folio.engine.server.choices import Choices, Piece, Prompt
 from folio.engine.server.errors import bad_request
 from folio.engine.server.logprobs import chat_logprobs
 from folio.engine.server.protocol import (
@@ -20,9 +21,9 @@ from folio.engine.server.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     Delta,
+    Usage,
 )
-from folio.engine.server.serving import OpenAIServing, Prompt, new_id, usage
-from folio.engine.server.sse import EventStream
+from folio.engine.server.serving import OpenAIServing, new_id
 
 
 def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
@@ -62,72 +63,49 @@ async def create_chat_completion(
     top_k = (req.top_logprobs or 0) if req.logprobs else None
     request_id = new_id("chatcmpl")
     seqs = serving.sequences(request_id, [prompt], req, [budget], top_k)
-    index = {s.request_id: i for i, s in enumerate(seqs)}
-    model = serving.config.served_model_name
-    tok = serving.tokenizer
+    renderer = ChatRenderer(request_id, serving.config.served_model_name, serving.tokenizer, top_k)
+    return await serving.respond(raw, req, seqs, Choices(seqs, [prompt], req.n), renderer)
 
-    def logprobs(o: RequestOutput, start: int) -> ChatLogprobs | None:
-        c = o.outputs[0]
-        if top_k is None or c.logprobs is None:
+
+class ChatRenderer:
+    """Chat's wording: each choice's stream opens with the assistant role; the text is its content."""
+
+    def __init__(self, request_id: str, model: str, tokenizer: Any, top_k: int | None) -> None:
+        self.request_id, self.model, self.tokenizer, self.top_k = request_id, model, tokenizer, top_k
+        self.created = int(time.time())
+
+    def _logprobs(self, piece: Piece) -> ChatLogprobs | None:
+        if self.top_k is None or piece.logprobs is None:
             return None
-        return chat_logprobs(tok, c.token_ids[start:], c.logprobs[start:], top_k)
+        return chat_logprobs(self.tokenizer, piece.token_ids, piece.logprobs, self.top_k)
 
-    if req.stream:
-        stream = await serving.engine_stream(seqs)
-        created = int(time.time())
-        sent_text = dict.fromkeys(index, 0)
-        sent_tokens = dict.fromkeys(index, 0)
-        started: set[str] = set()
+    def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=choices)
 
-        def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices)
+    def opening(self, index: int) -> Iterator[ChatCompletionChunk]:
+        yield self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
 
-        def render(o: RequestOutput) -> Iterator[ChatCompletionChunk]:
-            c = o.outputs[0]
-            i = index[o.request_id]
-            if o.request_id not in started:  # the first chunk of a choice carries the role
-                started.add(o.request_id)
-                yield chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))])
-            delta = c.text[sent_text[o.request_id] :]
-            if not delta and not o.finished:
-                return  # e.g. half of a multi-byte character: wait for the rest
-            lp = logprobs(o, sent_tokens[o.request_id])
-            sent_text[o.request_id], sent_tokens[o.request_id] = len(c.text), len(c.token_ids)
-            yield chunk(
-                [
-                    ChatChunkChoice(
-                        index=i,
-                        delta=Delta(content=delta or None),
-                        logprobs=lp,
-                        finish_reason=c.finish_reason,
-                    )
-                ]
-            )
-
-        def tail() -> Iterator[ChatCompletionChunk]:
-            if req.stream_options and req.stream_options.include_usage:
-                last = chunk([])
-                last.usage = usage(len(prompt.token_ids), sum(sent_tokens.values()))
-                yield last
-
-        return EventStream(serving.sse(stream, render, tail))
-
-    finals = await serving.run_to_end(raw, seqs)
-    choices = []
-    for seq_id, i in index.items():
-        o = finals[seq_id]
-        c = o.outputs[0]
-        choices.append(
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=c.text),
-                logprobs=logprobs(o, 0),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-            )
+    def chunks(self, piece: Piece) -> Iterator[ChatCompletionChunk]:
+        delta = Delta(content=piece.text or None)
+        choice = ChatChunkChoice(
+            index=piece.index, delta=delta, logprobs=self._logprobs(piece), finish_reason=piece.finish_reason
         )
-    completion_tokens = sum(len(finals[s].outputs[0].token_ids) for s in index)
-    body = ChatCompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage(len(prompt.token_ids), completion_tokens)
-    )
-    return JSONResponse(body.model_dump(mode="json"))
+        yield self._chunk([choice])
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        last = self._chunk([])
+        last.usage = usage
+        return last
+
+    def response(self, pieces: list[Piece], usage: Usage) -> ChatCompletionResponse:
+        choices = [
+            ChatChoice(
+                index=p.index,
+                message=AssistantMessage(content=p.text),
+                logprobs=self._logprobs(p),
+                finish_reason=p.finish_reason,
+                stop_reason=p.stop_reason,
+            )
+            for p in pieces
+        ]
+        return ChatCompletionResponse(id=self.request_id, model=self.model, choices=choices, usage=usage)

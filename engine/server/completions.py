@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from folio.engine.outputs import RequestOutput
+from folio.engine.server.choices import Choices, Piece, Prompt
 from folio.engine.server.errors import bad_request
 from folio.engine.server.logprobs import completion_logprobs
 from folio.engine.server.protocol import (
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    Usage,
 )
-from folio.engine.server.serving import OpenAIServing, Prompt, new_id, usage
-from folio.engine.server.sse import EventStream
+from folio.engine.server.serving import OpenAIServing, new_id
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 MAX_PROMPTS = 64
@@ -62,89 +62,50 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
     ]
     request_id = new_id("cmpl")
     seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs)
-    # Sequence id -> (choice index, its prompt).
-    choice = {s.request_id: (i, prompts[i // req.n]) for i, s in enumerate(seqs)}
-    prompt_tokens = sum(len(p.token_ids) for p in prompts)
-    model = serving.config.served_model_name
-    tok = serving.tokenizer
+    renderer = CompletionRenderer(request_id, serving.config.served_model_name, serving.tokenizer, req)
+    return await serving.respond(raw, req, seqs, Choices(seqs, prompts, req.n), renderer)
 
-    def echo_text(prompt: Prompt) -> str:
-        if not req.echo:
-            return ""
-        return prompt.text if prompt.text is not None else tok.decode(prompt.token_ids)
 
-    def logprobs(o: RequestOutput, start_token: int, text_offset: int) -> CompletionLogprobs | None:
-        c = o.outputs[0]
-        if req.logprobs is None or c.logprobs is None:
-            return None
-        return completion_logprobs(
-            tok, c.token_ids[start_token:], c.logprobs[start_token:], req.logprobs, text_offset
+class CompletionRenderer:
+    """The legacy completions wording: a choice's text, after its prompt when ``echo`` asks for it."""
+
+    def __init__(self, request_id: str, model: str, tokenizer: Any, req: CompletionRequest) -> None:
+        self.request_id, self.model, self.tokenizer = request_id, model, tokenizer
+        self.echo, self.top_k = req.echo, req.logprobs
+        self.created = int(time.time())
+
+    def _text(self, piece: Piece) -> str:
+        if not (self.echo and piece.first):
+            return piece.text
+        prompt = piece.prompt
+        return (prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)) + piece.text
+
+    def _choice(self, piece: Piece) -> CompletionChoice:
+        logprobs = None
+        if self.top_k is not None and piece.logprobs is not None:
+            logprobs = completion_logprobs(
+                self.tokenizer, piece.token_ids, piece.logprobs, self.top_k, piece.text_offset
+            )
+        return CompletionChoice(
+            index=piece.index,
+            text=self._text(piece),
+            logprobs=logprobs,
+            finish_reason=piece.finish_reason,
+            stop_reason=piece.stop_reason,
         )
 
-    if req.stream:
-        stream = await serving.engine_stream(seqs)
-        created = int(time.time())
-        sent_text = dict.fromkeys(choice, 0)
-        sent_tokens = dict.fromkeys(choice, 0)
-        completion_tokens = dict.fromkeys(choice, 0)
-        started: set[str] = set()
+    def opening(self, index: int) -> Iterator[CompletionResponse]:
+        return iter(())
 
-        def render(o: RequestOutput) -> Iterator[CompletionResponse]:
-            c = o.outputs[0]
-            index, prompt = choice[o.request_id]
-            delta = c.text[sent_text[o.request_id] :]
-            completion_tokens[o.request_id] = len(c.token_ids)
-            if not delta and not o.finished:
-                return  # e.g. half of a multi-byte character: wait for the rest
-            if o.request_id not in started:
-                started.add(o.request_id)
-                delta = echo_text(prompt) + delta
-            lp = logprobs(o, sent_tokens[o.request_id], sent_text[o.request_id])
-            sent_text[o.request_id] = len(c.text)
-            sent_tokens[o.request_id] = len(c.token_ids)
-            yield CompletionResponse(
-                id=request_id,
-                created=created,
-                model=model,
-                choices=[
-                    CompletionChoice(
-                        index=index,
-                        text=delta,
-                        logprobs=lp,
-                        finish_reason=c.finish_reason,
-                        stop_reason=c.stop_reason,
-                    )
-                ],
-            )
-
-        def tail() -> Iterator[CompletionResponse]:
-            if req.stream_options and req.stream_options.include_usage:
-                yield CompletionResponse(
-                    id=request_id,
-                    created=created,
-                    model=model,
-                    choices=[],
-                    usage=usage(prompt_tokens, sum(completion_tokens.values())),
-                )
-
-        return EventStream(serving.sse(stream, render, tail))
-
-    finals = await serving.run_to_end(raw, seqs)
-    choices = []
-    for seq_id, (index, prompt) in choice.items():
-        o = finals[seq_id]
-        c = o.outputs[0]
-        choices.append(
-            CompletionChoice(
-                index=index,
-                text=echo_text(prompt) + c.text,
-                logprobs=logprobs(o, 0, 0),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-            )
+    def chunks(self, piece: Piece) -> Iterator[CompletionResponse]:
+        yield CompletionResponse(
+            id=self.request_id, created=self.created, model=self.model, choices=[self._choice(piece)]
         )
-    completion_tokens_total = sum(len(finals[s].outputs[0].token_ids) for s in choice)
-    body = CompletionResponse(
-        id=request_id, model=model, choices=choices, usage=usage(prompt_tokens, completion_tokens_total)
-    )
-    return JSONResponse(body.model_dump(mode="json"))
+
+    def usage_chunk(self, usage: Usage) -> CompletionResponse:
+        return CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage)
+
+    def response(self, pieces: list[Piece], usage: Usage) -> CompletionResponse:
+        return CompletionResponse(
+            id=self.request_id, model=self.model, choices=[self._choice(p) for p in pieces], usage=usage
+        )

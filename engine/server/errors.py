@@ -1,5 +1,5 @@
-"""Errors in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`, and the handlers that
-make every failure (including FastAPI's own validation errors) come out that way."""
+"""Errors in the OpenAI shape (`folio.engine.server.openai_errors`), and the handlers that make every
+failure (including FastAPI's own validation errors) come out that way."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from folio.engine.server.openai_errors import error_body, error_type
 
 log = logging.getLogger("folio.server")
 
@@ -37,10 +39,10 @@ class OpenAIError(Exception):
 
     @property
     def type(self) -> str:
-        return "invalid_request_error" if self.status < 500 else "server_error"
+        return error_type(self.status)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.status, self.message, code=self.code, param=self.param)
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -89,12 +91,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return OpenAIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+        return OpenAIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
-        return OpenAIError(
-            500, f"Internal server error: {type(exc).__name__}", code="internal_error"
-        ).response()
+        return OpenAIError(500, f"Internal server error: {type(exc).__name__}").response()

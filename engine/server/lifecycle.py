@@ -18,7 +18,7 @@ from types import FrameType
 
 import uvicorn
 
-from folio.engine.server.gateway import ServerState
+from folio.engine.server.admission import ServerState
 
 log = logging.getLogger("folio.server")
 

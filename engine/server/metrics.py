@@ -72,7 +72,6 @@ class _EngineStatsCollector(Collector):
 class _Timing:
     arrival: float
     last: float | None = None  # when the last token arrived; None before the first
-    tokens: int = 0
 
 
 class ServerMetrics:
@@ -136,8 +135,7 @@ class ServerMetrics:
             self._timings.pop(out.request_id)
             self.request_errors.labels(self.model_name).inc()
             return
-        total = len(out.outputs[0].token_ids)
-        new = total - t.tokens
+        new = len(out.outputs[0].token_ids)  # a step output carries only its new tokens
         if new > 0:
             self.generation_tokens.labels(self.model_name).inc(new)
             if t.last is None:
@@ -147,7 +145,7 @@ class ServerMetrics:
                 gap = (now - t.last) / new
                 for _ in range(new):
                     self.itl.labels(self.model_name).observe(gap)
-            t.last, t.tokens = now, total
+            t.last = now
         if out.finished:
             reason = out.outputs[0].finish_reason or "stop"
             self._finish(out.request_id, reason, now)

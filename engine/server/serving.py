@@ -1,6 +1,6 @@
 """What /v1/completions and /v1/chat/completions share: model and capacity checks, turning a request
-into engine sequences with validated sampling parameters, and running them to the end or to a client
-disconnect."""
+into engine sequences with validated sampling parameters, and answering it (a stream of chunks or one
+response, worded by the endpoint's renderer) until the end or a client disconnect."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from folio.engine.outputs import RequestOutput
+from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
 from folio.engine.server.async_engine import (
     AsyncEngine,
@@ -24,8 +25,10 @@ from folio.engine.server.async_engine import (
     RequestFailed,
     RequestStream,
 )
+from folio.engine.server.choices import Choices, Prompt, Renderer
 from folio.engine.server.errors import OpenAIError, bad_request, unavailable
-from folio.engine.server.protocol import SamplingRequest, Usage
+from folio.engine.server.protocol import SamplingRequest
+from folio.engine.server.sse import EventStream
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,6 @@ class ServingConfig:
     max_queued_requests: int = 256
     revision: str | None = None
     digest: str | None = None
-
-
-@dataclass
-class Prompt:
-    token_ids: list[int]
-    text: str | None = None
 
 
 class OpenAIServing:
@@ -170,16 +167,35 @@ class OpenAIServing:
         except EngineDeadError as exc:
             raise unavailable(str(exc), code="engine_unavailable") from exc
 
+    async def respond(
+        self, raw: Request, req: SamplingRequest, seqs: list[EngineRequest], choices: Choices, renderer: Renderer
+    ) -> Response:
+        """Runs the sequences and answers with ``renderer``'s words: server-sent events when the request
+        streams, else one JSON response once every sequence has finished."""
+        if req.stream:
+            stream = await self.engine_stream(seqs)
+
+            def render(out: RequestOutput) -> Iterable[BaseModel]:
+                return choices.stream(out, renderer)
+
+            def tail() -> Iterable[BaseModel]:
+                if req.stream_options and req.stream_options.include_usage:
+                    yield renderer.usage_chunk(choices.usage)
+
+            return EventStream(self.sse(stream, render, tail))
+        pieces = choices.whole(await self.run_to_end(raw, seqs))
+        return JSONResponse(renderer.response(pieces, choices.usage).model_dump(mode="json"))
+
     async def run_to_end(self, raw: Request, seqs: list[EngineRequest]) -> dict[str, RequestOutput]:
-        """Final output per sequence id; aborts everything if the client disconnects first."""
+        """The whole output per sequence id; aborts everything if the client disconnects first."""
         stream = await self.engine_stream(seqs)
         ids = stream.request_ids
 
         async def collect() -> dict[str, RequestOutput]:
-            last: dict[str, RequestOutput] = {}
+            steps: dict[str, list[RequestOutput]] = {rid: [] for rid in ids}
             async for out in stream:
-                last[out.request_id] = out
-            return last
+                steps[out.request_id].append(out)
+            return {rid: merge_outputs(outs) for rid, outs in steps.items()}
 
         work = asyncio.ensure_future(collect())
         gone = asyncio.ensure_future(_wait_disconnect(raw))
@@ -233,14 +249,6 @@ def stream_error(exc: EngineDeadError | RequestAborted | RequestFailed) -> OpenA
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-    )
 
 
 def _event(item: BaseModel | dict[str, Any]) -> str:

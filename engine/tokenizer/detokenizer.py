@@ -20,7 +20,6 @@ class IncrementalDetokenizer:
         self.tokens: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
-        self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -33,6 +32,5 @@ class IncrementalDetokenizer:
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             new = full[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
-            self.text += new
             return new
         return ""

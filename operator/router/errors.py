@@ -1,4 +1,4 @@
-"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`."""
+"""Errors in the OpenAI shape, with the engine's vocabulary (`folio.engine.server.openai_errors`)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,11 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-}
+from folio.engine.server import openai_errors
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
-    err = {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}
-    return json.dumps({"error": err}).encode()
+    return json.dumps(openai_errors.error_body(status, message, code=code, param=param)).encode()
 
 
 def error_response(

@@ -89,7 +89,7 @@ def series() -> dict[str, set[str]]:
                         prefix_cache_queries_total=0, prefix_cache_hits_total=0)
     engine = ServerMetrics("smollm2", lambda: stats)  # folio_engine_request_errors_total starts at 0
     engine.on_added("r", prompt_tokens=3)
-    for n, reason in ((1, None), (3, "stop")):
+    for n, reason in ((1, None), (2, "stop")):  # step outputs: the tokens new in each step
         out = CompletionOutput(index=0, text="x" * n, token_ids=list(range(n)), finish_reason=reason)
         engine.on_output(RequestOutput("r", "p", [1, 2, 3], [out], finished=reason is not None), time.monotonic())
     router = RouterMetrics("chat")

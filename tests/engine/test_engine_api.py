@@ -10,6 +10,7 @@ from folio.engine import LLM, SamplingParams
 from folio.engine.config import EngineConfig
 from folio.engine.digest import DigestMismatchError, compute_digest
 from folio.engine.llm_engine import LLMEngine
+from folio.engine.outputs import merge_outputs
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -68,19 +69,46 @@ def test_abort_frees_blocks(engine: LLMEngine) -> None:
     assert_idle(engine)
 
 
-def test_step_outputs_are_cumulative(engine: LLMEngine) -> None:
-    engine.add_request("s", "naïve café 日本語 😀", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
-    seen = []
+def test_step_outputs_are_deltas(engine: LLMEngine, tiny_llama: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    engine.add_request("s", "naïve café 日本語 😀", params)
+    deltas = []
     while engine.has_unfinished_requests():
         for out in engine.step():
             assert out.request_id == "s" and out.prompt == "naïve café 日本語 😀"
             assert out.first_token_time is not None and out.first_token_time >= out.arrival_time
-            seen.append(out)
+            deltas.append(out)
+    # each step hands over its own token (and its logprobs) only; together they are the whole output
+    assert [len(o.outputs[0].token_ids) for o in deltas] == [1] * 12
+    assert [len(o.outputs[0].logprobs or []) for o in deltas] == [1] * 12
+    assert [o.finished for o in deltas] == [False] * 11 + [True]
+    seen = [merge_outputs(deltas[: i + 1]) for i in range(len(deltas))]
     assert [len(o.outputs[0].token_ids) for o in seen] == list(range(1, 13))
-    assert [o.finished for o in seen] == [False] * 11 + [True]
     for o in seen:
         assert not o.outputs[0].text.endswith("\ufffd")
+    whole = LLM(str(tiny_llama), max_model_len=256).generate("naïve café 日本語 😀", params)[0].outputs[0]
+    assert (whole.text, whole.token_ids) == (seen[-1].outputs[0].text, seen[-1].outputs[0].token_ids)
     assert_idle(engine)
+
+
+@pytest.mark.parametrize("stop", [[], ["never there", "x" * 12]])
+def test_a_long_stream_hands_over_each_token_and_character_once(tiny_llama: Path, stop: list[str]) -> None:
+    # what a stream costs: every step hands over its own token and new text, never what came before
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), max_model_len=1024))
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=900, ignore_eos=True, logprobs=1, stop=stop)
+    engine.add_request("long", [5, 6, 7], params)
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    assert len(deltas) == 900 and all(len(d.outputs[0].token_ids) == 1 for d in deltas)
+    assert all(len(d.outputs[0].logprobs or ()) == 1 for d in deltas)
+    assert all(d.prompt_token_ids is deltas[0].prompt_token_ids for d in deltas)  # shared, not copied
+    texts = [d.outputs[0].text for d in deltas]
+    tokens = [t for d in deltas for t in d.outputs[0].token_ids]
+    # every character handed over once (with stop strings, some only at the end: held back, never resent)
+    # (a random model's bytes may end in half a character, which the engine never hands over)
+    assert "".join(texts) == engine.tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd")
+    assert len("".join(texts)) > 900 and max(map(len, texts)) <= len("".join(texts)) // 20
 
 
 def test_generate_with_one_bad_prompt_schedules_nothing(tiny_llama: Path) -> None:
@@ -128,8 +156,8 @@ def test_detokenizer_never_splits_multibyte_characters(engine: LLMEngine) -> Non
     pieces = []
     for t in ids:
         pieces.append(detok.add(t))
-        assert not detok.text.endswith("\ufffd")
-    assert "".join(pieces) == detok.text == text
+        assert not "".join(pieces).endswith("\ufffd")
+    assert "".join(pieces) == text
 
 
 def test_sharded_safetensors_load_the_same_model(tiny_llama: Path, tmp_path: Path) -> None:

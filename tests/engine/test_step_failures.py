@@ -9,6 +9,7 @@ import pytest
 
 from folio.engine import LLM, SamplingParams
 from folio.engine.llm_engine import MAX_CONSECUTIVE_STEP_FAILURES, EngineBrokenError, LLMEngine
+from folio.engine.outputs import RequestOutput, merge_outputs
 
 PROMPT = [1, 17, 42, 99, 123, 7, 300, 12]
 INT64_MAX = 2**63 - 1
@@ -19,13 +20,13 @@ def llm(tiny_llama: Path) -> LLM:
     return LLM(str(tiny_llama))
 
 
-def _drain(engine: LLMEngine) -> dict[str, object]:
-    finals = {}
+def _drain(engine: LLMEngine) -> dict[str, RequestOutput]:
+    """Each request's whole output, from its step outputs."""
+    steps: dict[str, list[RequestOutput]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return finals
+            steps.setdefault(out.request_id, []).append(out)
+    return {rid: merge_outputs(outs) for rid, outs in steps.items()}
 
 
 @pytest.mark.parametrize(

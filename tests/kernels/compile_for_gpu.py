@@ -59,19 +59,17 @@ def main() -> int:
     JITFunction.run = _compile_instead_of_launch  # type: ignore[method-assign]
     backend_module.ensure_launchable = lambda kernel, device: None  # type: ignore[assignment]
     from folio.kernels import (
-        apply_rotary_embedding,
         decode_attention_triton,
-        fused_add_rms_norm,
         kv_store_triton,
-        paged_decode_attention,
-        paged_prefill_attention,
         prefill_attention_triton,
-        rms_norm,
         rms_norm_triton,
-        rope_cos_sin_cache,
         rotary_triton,
-        store_kvcache,
     )
+    from folio.kernels.decode_attention import paged_decode_attention
+    from folio.kernels.kv_store import store_kvcache
+    from folio.kernels.prefill_attention import paged_prefill_attention
+    from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from folio.kernels.rotary import apply_rotary_embedding, rope_cos_sin_cache
     for module in (decode_attention_triton, kv_store_triton, prefill_attention_triton, rms_norm_triton, rotary_triton):
         module.ensure_launchable = backend_module.ensure_launchable  # type: ignore[attr-defined]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folio.kernels import paged_decode_attention
+from folio.kernels.decode_attention import paged_decode_attention
 from tests.kernels.paged import TOL, dense_attention, make_paged_kv, skip_bf16_dot_in_interpreter
 
 

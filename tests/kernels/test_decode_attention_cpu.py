@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folio.kernels import decode_attention_cpu, paged_decode_attention
+from folio.kernels import decode_attention_cpu
+from folio.kernels.decode_attention import paged_decode_attention
 from tests.kernels.paged import TOL, make_paged_kv
 
 pytestmark = pytest.mark.skipif(not decode_attention_cpu.AVAILABLE, reason="the C extension was not built")

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folio.kernels import (
-    apply_rotary_embedding,
-    fused_add_rms_norm,
-    paged_decode_attention,
-    paged_prefill_attention,
-    rope_cos_sin_cache,
-    store_kvcache,
-)
+from folio.kernels.decode_attention import paged_decode_attention
+from folio.kernels.kv_store import store_kvcache
+from folio.kernels.prefill_attention import paged_prefill_attention
+from folio.kernels.rms_norm import fused_add_rms_norm
+from folio.kernels.rotary import apply_rotary_embedding, rope_cos_sin_cache
 from tests.kernels.paged import TOL, make_paged_kv
 
 pytestmark = pytest.mark.gpu

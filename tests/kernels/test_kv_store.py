@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folio.kernels import store_kvcache
+from folio.kernels.kv_store import store_kvcache
 from folio.kernels.layout import PAD_SLOT_ID, allocate_kv_cache, gather_sequence_kv, slots_for_positions
 
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folio.kernels import paged_prefill_attention
+from folio.kernels.prefill_attention import paged_prefill_attention
 from tests.kernels.paged import TOL, dense_attention, make_paged_kv, skip_bf16_dot_in_interpreter
 
 
@@ -78,7 +78,7 @@ def test_reference_matches_dense_sdpa(group: int, block_size: int) -> None:
 
 def test_decode_through_prefill_matches_decode_kernel(device: torch.device) -> None:
     # One query per sequence: the unified kernel must agree with the dedicated decode path.
-    from folio.kernels import paged_decode_attention
+    from folio.kernels.decode_attention import paged_decode_attention
 
     kv = make_paged_kv([1, 16, 50], 16, 2, 64, torch.float32, device)
     q, cu = packed_queries([1, 1, 1], 6, 64, torch.float32, device)

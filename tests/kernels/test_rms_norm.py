@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from folio.kernels import fused_add_rms_norm, rms_norm
+from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from tests.kernels.paged import TOL
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -7,8 +7,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from folio.kernels import apply_rotary_embedding, rope_cos_sin_cache
-from folio.kernels.rotary import rope_inv_freq
+from folio.kernels.rotary import apply_rotary_embedding, rope_cos_sin_cache, rope_inv_freq
 from tests.kernels.paged import TOL
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -7,15 +7,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from folio.kernels import (
-    apply_rotary_embedding,
-    fused_add_rms_norm,
-    paged_decode_attention,
-    paged_prefill_attention,
-    rms_norm,
-    store_kvcache,
-)
 from folio.kernels._backend import ensure_launchable
+from folio.kernels.decode_attention import paged_decode_attention
+from folio.kernels.kv_store import store_kvcache
+from folio.kernels.prefill_attention import paged_prefill_attention
+from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
+from folio.kernels.rotary import apply_rotary_embedding
 
 D = 64
 K = torch.zeros(4, 16, 2, D)

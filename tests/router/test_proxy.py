@@ -246,6 +246,7 @@ async def test_api_key_auth(router: RouterFactory) -> None:
             resp = await r.complete(**headers)
             assert resp.status_code == 401
             assert _openai_error(resp)["code"] == "invalid_api_key"
+            assert _openai_error(resp)["type"] == "invalid_request_error"  # as OpenAI answers a bad key
         assert up.seen == []
         resp = await r.complete(Authorization="Bearer k2")
         assert resp.status_code == 200
@@ -280,6 +281,7 @@ async def test_no_upstream_is_503_with_retry_after(router: RouterFactory) -> Non
         assert resp.status_code == 503
         assert int(resp.headers["retry-after"]) > 0
         assert _openai_error(resp)["code"] == "no_upstream"
+        assert _openai_error(resp)["type"] == "server_error"  # the engine's 503 type too
         ready = await r.client.get("/ready")
         assert ready.status_code == 503
 
@@ -289,6 +291,7 @@ async def test_unreachable_stable_is_502(router: RouterFactory) -> None:
         resp = await r.complete()
         assert resp.status_code == 502
         assert _openai_error(resp)["code"] == "upstream_unreachable"
+        assert _openai_error(resp)["type"] == "server_error"
         assert r.metric("folio_router_requests_total", revision="r1", code="error") == 1
         # the refused replica is out of rotation now: no attempt at all, and /ready says so
         assert (await r.complete()).status_code == 503

@@ -21,8 +21,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from folio.engine.server.admission import Faults
 from folio.engine.server.app import build_app
-from folio.engine.server.gateway import Faults
 from folio.engine.server.serving import ServingConfig
 from tests.server.fake_engine import FakeEngine
 

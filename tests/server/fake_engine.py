@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from folio.engine.output_text import OutputText
 from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from folio.engine.sampling_params import SamplingParams
 
@@ -45,6 +46,11 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     blocks: int = 0
     first_token_time: float | None = None
+    decoded_chars: int = 0  # of the output's text, already given to `text`
+    text: OutputText = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.text = OutputText(self.params.stop, self.params.include_stop_str_in_output)  # type: ignore[arg-type]
 
 
 class FakeEngine:
@@ -143,26 +149,28 @@ class FakeEngine:
         return seq.rng.choice(b"abcdefghijklmnopqrstuvwxyz ") + OFFSET
 
     def _output(self, seq: _Seq) -> RequestOutput:
+        """As the engine does (vLLM's DELTA outputs, its own stop-string handling): the step's new token,
+        and the text that is new since the last output and can no longer start a stop string."""
         p = seq.params
-        text = self.tokenizer.decode(seq.out)
+        text = self.tokenizer.decode(seq.out)  # byte tokens: a multi-byte character shows once complete
+        stop = seq.text.add(text[seq.decoded_chars :])
+        seq.decoded_chars = len(text)
         finish: str | None = None
         stop_reason: Any = None
-        for s in p.stop:
-            at = text.find(s)
-            if at >= 0:
-                text = text[: at + len(s)] if p.include_stop_str_in_output else text[:at]
-                finish, stop_reason = "stop", s
-                break
-        if finish is None and len(seq.out) >= p.max_tokens:
+        if stop is not None:
+            finish, stop_reason = "stop", stop
+        elif len(seq.out) >= p.max_tokens:
             finish = "length"
         logprobs = None
+        new = seq.out[-1]
         if p.logprobs is not None:
-            logprobs = [{t: -0.25, (t + 1) % 256 + OFFSET: -1.5, BOS: -4.0} for t in seq.out]
+            logprobs = [{new: -0.25, (new + 1) % 256 + OFFSET: -1.5, BOS: -4.0}]
+        delta = seq.text.take(finish is not None)
         return RequestOutput(
             request_id=seq.request_id,
             prompt=None,
             prompt_token_ids=seq.prompt_ids,
-            outputs=[CompletionOutput(0, text, list(seq.out), finish, stop_reason, logprobs, None)],
+            outputs=[CompletionOutput(0, delta, [new], finish, stop_reason, logprobs, None)],
             finished=finish is not None,
             arrival_time=seq.arrival,
             first_token_time=seq.first_token_time,

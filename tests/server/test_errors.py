@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from folio.engine.server.gateway import Faults
+from folio.engine.server.admission import Faults
 from tests.server.conftest import Running, serving_fake
 from tests.server.fake_engine import FakeEngine
 
@@ -217,3 +217,26 @@ def test_a_dead_engine_fails_requests_and_health(fake_server) -> None:
         assert http.get("/health").status_code == 503
         assert http.get("/ready").status_code == 503
         assert_error(http.post("/v1/completions", json=COMPLETION), 503)
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 405, 413, 499, 500, 502, 503])
+@pytest.mark.parametrize("code", [None, "some_code"])
+def test_the_router_answers_in_the_engines_vocabulary(status: int, code: str | None) -> None:
+    import json
+
+    from folio.engine.server.errors import OpenAIError
+    from folio.operator.router.errors import error_body
+
+    engine = OpenAIError(status, "refused", code=code, param="p").body()
+    assert json.loads(error_body(status, "refused", code, "p")) == engine
+    assert engine["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert engine["error"]["code"] == code or {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}.get(status)
+
+
+def test_the_shared_vocabulary_pulls_in_no_web_framework() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys, folio.operator.router.errors; "
+             "print([m for m in ('fastapi', 'starlette', 'torch') if m in sys.modules])")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -80,7 +80,7 @@ class ServerState:
         return self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate
 
 
-class Gateway:
+class AdmissionMiddleware:
     """Wraps the API routes (POST /v1/...); probes and metrics pass straight through."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:

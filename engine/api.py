@@ -1,7 +1,8 @@
-"""Folio's paged-attention inference engine.
+"""Folio's paged-attention inference engine: `from folio.engine import LLM, SamplingParams`.
 
-Public names are imported lazily so that `folio --help` and the digest function do not pay
-for importing torch.
+This is `folio.engine`'s package module: setup.py installs it as `folio/engine/__init__.py` (engine/ has
+no `__init__.py` of its own, so that nothing at the repo root is importable as a bare `engine`). Public
+names are imported lazily so that `folio --help` and the digest function do not pay for importing torch.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 # one lookup of the SmolLM2 file for the demo, the tests and the benchmarks
-from folio.operator.local.demo import SMOLLM2_GGUF_NAME, smollm2_gguf
+from folio.operator.testing.smollm2 import GGUF_NAME as SMOLLM2_GGUF_NAME
+from folio.operator.testing.smollm2 import smollm2_gguf
 
 __all__ = ["SMOLLM2_GGUF_NAME", "make_tiny_llama", "smollm2_gguf", "smollm2_safetensors"]
 

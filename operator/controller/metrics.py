@@ -7,7 +7,9 @@ from prometheus_client import Counter, Histogram
 RECONCILES = Counter(
     "folio_operator_reconciles_total",
     "Reconciles of InferenceServices, by what triggered them and how they ended.",
-    ["trigger", "result"],  # result: ok | invalid | error
+    # trigger: create | update | resume (kopf), requeue (a decision came due), child (a child changed
+    # or an override was asked), timer (the resync); result: ok | invalid | error | gone
+    ["trigger", "result"],
 )
 ERRORS = Counter(
     "folio_operator_reconcile_errors_total",

@@ -91,7 +91,9 @@ class Context:
 
 def memo_part(memo: kopf.Memo, name: str, make: Callable[[], T]) -> T:
     """A piece of the object's memo, made on first use (kopf gives every object its own memo)."""
-    part: T = memo.setdefault(name, make())
+    if name not in memo:
+        memo[name] = make()
+    part: T = memo[name]
     return part
 
 
@@ -185,7 +187,7 @@ async def call(fn: Callable[..., T], *args: Any) -> T:
 async def _execute(ctx: Context, body: kopf.Body, isvc: _Isvc, spec: InferenceServiceSpec,
                    status: InferenceServiceStatus, children: Children, expect: Expectations) -> None:
     serving = plan(isvc.name, spec, status, Placement.cluster())
-    wanted = objects(serving, spec, Owner(isvc.name, isvc.namespace, isvc.uid), ctx.plan_settings)
+    wanted = objects(serving, Owner(isvc.name, isvc.namespace, isvc.uid), ctx.plan_settings)
     result = await call(apply_plan, ctx.kube, wanted, children, expect)
     for action, keys in (("created", result.created), ("deleted", result.deleted)):
         for _, kind, _ in keys:

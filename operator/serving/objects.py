@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +60,6 @@ class Owner:
     namespace: str
     uid: str
 
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any]) -> Owner:
-        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
-
 
 @dataclass(frozen=True)
 class PlanSettings:
@@ -98,10 +93,9 @@ def _meta(owner: Owner, name: str, labels: dict[str, str]) -> Obj:
 # ------------------------------------------------------------------------------ objects
 
 
-def objects(serving: ServingPlan, spec: InferenceServiceSpec, owner: Owner,
-            settings: PlanSettings | None = None) -> list[Obj]:
+def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = None) -> list[Obj]:
     """Every object the InferenceService should have right now."""
-    settings = settings or PlanSettings()
+    settings, spec = settings or PlanSettings(), serving.spec
     ref = owner_reference(owner)
     # The cache is kept even with nothing running: a revision coming back reuses its weights.
     out: list[Obj] = [weights_pvc(owner.name, owner.namespace, spec.cache, access_modes=settings.cache_access_modes,

@@ -42,7 +42,7 @@ def revision(spec: InferenceServiceSpec, role: str = "Stable", weights_ready: bo
 
 def planned(spec: InferenceServiceSpec, *revisions: RevisionStatus) -> list[dict[str, Any]]:
     serving = plan("chat", spec, InferenceServiceStatus(revisions=list(revisions)), Placement.cluster())
-    return objects(serving, spec, OWNER, PlanSettings(image="registry.example/folio-operator:1"))
+    return objects(serving, OWNER, PlanSettings(image="registry.example/folio-operator:1"))
 
 
 def objects_by_key(spec: InferenceServiceSpec, *revisions: RevisionStatus) -> dict[tuple[str, str], dict[str, Any]]:

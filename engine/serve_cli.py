@@ -9,6 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from folio.engine.config import EngineConfig
+    from folio.engine.server.gateway import Faults
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,30 +67,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--fault-latency-ms", type=float, default=0.0, help="delay each API request by N ms")
 
 
-def main(args: argparse.Namespace) -> int:
-    import uvicorn
+class FlagError(ValueError):
+    """A flag value `folio serve` refuses; ``dest`` is the argparse destination (``max_num_seqs``)."""
 
-    from folio.engine.config import EngineConfig
-    from folio.engine.server.app import build_app
+    def __init__(self, dest: str, message: str) -> None:
+        super().__init__(message)
+        self.dest = dest
+
+
+# server flags and their lower bounds (engine flags are checked by EngineConfig)
+_SERVER_MINIMUMS = {"max_n": 1, "max_queued_requests": 1}
+
+
+def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
+    """Every check `folio serve` makes of its flags before loading anything; the operator and `folio up`
+    run the same on a spec's engine args at plan time. Raises FlagError naming the flag."""
+    from folio.engine.config import ConfigValueError, EngineConfig
     from folio.engine.server.gateway import Faults
-    from folio.engine.server.lifecycle import DrainingServer
-    from folio.engine.server.serving import ServingConfig
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for name, value, minimum in (
-        ("--max-n", args.max_n, 1),
-        ("--max-queued-requests", args.max_queued_requests, 1),
-    ):
-        if value < minimum:
-            print(f"folio serve: {name} must be >= {minimum}, got {value}", file=sys.stderr)
-            return 2
-    if args.shutdown_timeout < 0:
-        print(f"folio serve: --shutdown-timeout must be >= 0, got {args.shutdown_timeout}", file=sys.stderr)
-        return 2
+    for dest, minimum in _SERVER_MINIMUMS.items():
+        if getattr(args, dest) < minimum:
+            raise FlagError(dest, f"--{dest.replace('_', '-')} must be >= {minimum}, got {getattr(args, dest)}")
+    if not args.shutdown_timeout >= 0:
+        raise FlagError("shutdown_timeout", f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms")):
+        try:
+            Faults(**{field: getattr(args, dest)})
+        except ValueError as exc:
+            raise FlagError(dest, str(exc)) from exc
+    faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms)
     try:
-        faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms)
         config = EngineConfig(
             model=args.model,
             dtype=args.dtype,
@@ -103,7 +114,24 @@ def main(args: argparse.Namespace) -> int:
             enforce_eager=args.enforce_eager,
             tokenizer=args.tokenizer,
         )
-    except ValueError as exc:
+    except ConfigValueError as exc:
+        raise FlagError(exc.field, str(exc)) from exc
+    return config, faults
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from folio.engine.server.app import build_app
+    from folio.engine.server.lifecycle import DrainingServer
+    from folio.engine.server.serving import ServingConfig
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config, faults = check(args)
+    except FlagError as exc:
         print(f"folio serve: {exc}", file=sys.stderr)
         return 2
 

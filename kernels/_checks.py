@@ -86,3 +86,10 @@ def check_scale(scale: object) -> float:
     require(isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0,
             lambda: f"scale must be a positive number, got {scale!r}")
     return float(scale)  # type: ignore[arg-type]
+
+
+def check_window(window: object) -> int | None:
+    """A sliding window is None (full attention) or a positive number of tokens."""
+    require(window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
+            lambda: f"window must be None or a positive int (tokens), got {window!r}")
+    return window  # type: ignore[return-value]

@@ -1,7 +1,9 @@
 """Vectorized PyTorch references for paged attention: the correctness oracle and the CPU path.
 
 Both compute in float32 and return the query's dtype. Query head ``h`` reads KV head
-``h // (num_heads // num_kv_heads)`` (grouped-query attention).
+``h // (num_heads // num_kv_heads)`` (grouped-query attention). With a sliding ``window`` W, the query at
+position ``p`` sees the keys at positions ``p - W + 1 .. p`` only (its last W tokens, itself included), as
+`transformers`' sliding-window masks define it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 def decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, scale: float, window: int | None = None,
 ) -> torch.Tensor:
-    """One query per sequence over its whole context, the batch gathered at once (padded to the longest)."""
+    """One query per sequence over its context (its last ``window`` tokens with a window), the batch
+    gathered at once (padded to the longest)."""
     batch, _, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros_like(q)
@@ -31,6 +34,8 @@ def decode_attention_ref(
         return out
     pos = torch.arange(max_len, device=q.device)
     valid = pos[None, :] < context_lens[:, None].long()                                # [B, L]
+    if window is not None:
+        valid &= pos[None, :] >= context_lens[:, None].long() - window
     pages = block_tables[:, : (max_len + block_size - 1) // block_size].long()
     pages = pages.gather(1, (pos // block_size).expand(batch, -1))
     slots = torch.where(valid, pages * block_size + pos % block_size, 0)               # [B, L]
@@ -46,9 +51,10 @@ def decode_attention_ref(
 
 def prefill_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, window: int | None = None,
 ) -> torch.Tensor:
-    """Packed queries, each sequence's block the last positions of its context, attending causally."""
+    """Packed queries, each sequence's block the last positions of its context, attending causally (and
+    within the last ``window`` positions, with a window)."""
     kv_heads = k_cache.shape[2]
     out = torch.zeros_like(q)
     bounds = cu_seqlens_q.tolist()
@@ -61,7 +67,10 @@ def prefill_attention_ref(
         qg = _grouped(q[q_lo:q_hi].float(), kv_heads)                                  # [Tq, Hkv, G, D]
         scores = torch.einsum("qhgd,lhd->hgql", qg, k) * scale
         q_pos = torch.arange(ctx - (q_hi - q_lo), ctx, device=q.device)
-        future = torch.arange(ctx, device=q.device)[None, :] > q_pos[:, None]           # [Tq, L]
-        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        k_pos = torch.arange(ctx, device=q.device)[None, :]
+        hidden = k_pos > q_pos[:, None]                                                 # [Tq, L]
+        if window is not None:
+            hidden |= k_pos <= q_pos[:, None] - window
+        probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
         out[q_lo:q_hi] = torch.einsum("hgql,lhd->qhgd", probs, v).flatten(1, 2).to(q.dtype)
     return out

@@ -12,6 +12,7 @@ from folio.kernels._checks import (
     check_paged_metadata,
     check_scale,
     check_tensor,
+    check_window,
     require,
 )
 from folio.kernels.attention_reference import decode_attention_ref
@@ -20,9 +21,11 @@ from folio.kernels.attention_reference import decode_attention_ref
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, *, max_context_len: int | None = None,
-    num_splits: int | None = None, backend: Backend = "auto",
+    num_splits: int | None = None, window: int | None = None, backend: Backend = "auto",
 ) -> torch.Tensor:
     """Attention of ``q[B, Hq, D]`` over each sequence's ``context_lens[b]`` cached tokens → ``[B, Hq, D]``.
+
+    With a sliding ``window`` W only the last W of them are attended to (the query's own token included).
 
     ``max_context_len`` (optional, a host-side bound on ``context_lens``) lets the Triton path split long
     contexts finely without reading the lengths back from the GPU; without it the bound is the block
@@ -43,6 +46,7 @@ def paged_decode_attention(
     require(0 <= max_context_len <= capacity,
             lambda: f"max_context_len {max_context_len} exceeds the block tables' capacity of {capacity} tokens")
     require(num_splits is None or num_splits >= 1, lambda: f"num_splits must be >= 1, got {num_splits}")
+    window = check_window(window)
     if device.type == "cpu" and batch > 0:
         # Value checks cost a device sync on CUDA, so there the caller's metadata is trusted.
         lo, hi = int(context_lens.min()), int(context_lens.max())
@@ -54,7 +58,8 @@ def paged_decode_attention(
         from folio.kernels.decode_attention_triton import decode_attention_triton
 
         return decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                       max_context_len=max_context_len, num_splits=num_splits)
+                                       max_context_len=max_context_len, num_splits=num_splits, window=window)
     if use_native(backend, decode_attention_cpu.supports(q), f"{q.dtype} queries on {device}"):
-        return decode_attention_cpu.decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return decode_attention_cpu.decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                                         window=window)
+    return decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, window)

@@ -4,7 +4,9 @@ Grid ``(batch, kv_heads, splits)``. A program loads the queries of every head th
 head (so each K/V tile is read once per group, not once per query head), walks its slice of the
 context a tile of ``BLOCK_N`` tokens at a time, looking each token's page up in the block table, and
 keeps an online softmax in base 2. With one split it writes the output directly; otherwise it writes
-a normalized partial output and its log-sum-exp, and ``_merge_kernel`` combines the splits.
+a normalized partial output and its log-sum-exp, and ``_merge_kernel`` combines the splits. With a
+sliding window W the walk covers the last W tokens only (``window`` 0: the whole context), and the splits
+divide that range.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ MAX_SPLITS = 32
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, split_tokens,
+    scale_log2, split_tokens, window,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -39,7 +41,8 @@ def _decode_kernel(
     num_heads = tl.num_programs(1) * GROUP
 
     ctx = tl.load(context_lens_ptr + seq)
-    start = split * split_tokens
+    first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)  # the first token the query sees
+    start = first + split * split_tokens
     end = tl.minimum(start + split_tokens, ctx)
 
     g = tl.arange(0, BLOCK_G)
@@ -129,16 +132,18 @@ def choose_num_splits(batch: int, kv_heads: int, max_context_len: int, device: t
 def decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, *, max_context_len: int, num_splits: int | None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Launches on inputs checked by ``folio.kernels.decode_attention.paged_decode_attention``."""
     ensure_launchable(_decode_kernel, q.device)
     batch, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
+    attended = max_context_len if window is None else min(max_context_len, window)  # tokens one query reads
     if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, max_context_len, q.device)
+        num_splits = choose_num_splits(batch, kv_heads, attended, q.device)
     # Splits are whole tiles so that only a sequence's last tile is ragged.
-    split_tokens = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), BLOCK_N) * BLOCK_N
+    split_tokens = triton.cdiv(triton.cdiv(max(attended, 1), num_splits), BLOCK_N) * BLOCK_N
     out = torch.empty_like(q)
     if num_splits > 1:
         part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -148,7 +153,7 @@ def decode_attention_triton(
     block_d = triton.next_power_of_2(head_dim)
     _decode_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * LOG2E, split_tokens,
+        scale * LOG2E, split_tokens, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=num_splits,

@@ -2,7 +2,8 @@
 
 Sequence ``b`` owns queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``: the last positions of its
 ``context_lens[b]`` tokens, whose K/V are already in the cache. The cached prefix before them may come
-from an earlier chunk (chunked prefill) or from a prefix-cache hit; a query length of 1 is a decode.
+from an earlier chunk (chunked prefill) or from a prefix-cache hit; a query length of 1 is a decode. With
+a sliding ``window`` W, the query at position p sees the keys at p - W + 1 .. p only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from folio.kernels._checks import (
     check_paged_metadata,
     check_scale,
     check_tensor,
+    check_window,
     require,
 )
 from folio.kernels.attention_reference import prefill_attention_ref
@@ -38,7 +40,8 @@ def _check_lengths(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, num_t
 
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *, backend: Backend = "auto",
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *, window: int | None = None,
+    backend: Backend = "auto",
 ) -> torch.Tensor:
     """Causal attention of the packed ``q[T, Hq, D]`` over each sequence's paged context → ``[T, Hq, D]``."""
     _, block_size, kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
@@ -53,6 +56,7 @@ def paged_prefill_attention(
     batch = cu_seqlens_q.shape[0] - 1
     block_tables, context_lens = check_paged_metadata(block_tables, context_lens, batch, device)
     scale = check_scale(scale)
+    window = check_window(window)
     if device.type == "cpu":
         _check_lengths(cu_seqlens_q, context_lens, num_tokens, block_tables.shape[1] * block_size)
     if num_tokens == 0 or batch == 0:
@@ -60,5 +64,6 @@ def paged_prefill_attention(
     if use_triton(backend, device):
         from folio.kernels.prefill_attention_triton import prefill_attention_triton
 
-        return prefill_attention_triton(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
-    return prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+        return prefill_attention_triton(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale,
+                                        window=window)
+    return prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, window)

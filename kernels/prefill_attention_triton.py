@@ -6,7 +6,9 @@ rows, so each K/V tile read from the cache serves the whole group. Sequence ``b`
 program ``cu_seqlens_q[b] // BLOCK_Q + b``, an increasing function of ``b``: a program finds its
 sequence by binary search, and ``T // BLOCK_Q + batch`` programs cover every tile without reading
 lengths back to the host. Keys before the tile's first query need no causal mask; only the last
-tiles up to the diagonal are masked.
+tiles up to the diagonal are masked. With a sliding window W (``window`` 0: none) the walk starts at the
+tile holding the first row's first visible key, and the tiles below the last row's first visible key are
+masked too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ BLOCK_N = 64    # context tokens per tile
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, cu_q_ptr, context_lens_ptr, block_tables_ptr,
-    scale_log2, num_seqs,
+    scale_log2, num_seqs, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -70,10 +72,14 @@ def _prefill_kernel(
     first_pos = prefix + q_tile * BLOCK_Q
     kv_end = tl.minimum(first_pos + BLOCK_Q, ctx)
     unmasked_end = (first_pos // BLOCK_N) * BLOCK_N        # every key below is visible to every row
+    # with a window: keys below the first row's lower bound are visible to no row, keys below the last
+    # row's lower bound not to every row
+    kv_start = tl.where(window > 0, (tl.maximum(first_pos - window + 1, 0) // BLOCK_N) * BLOCK_N, 0)
+    masked_below = tl.where(window > 0, kv_end - window, 0)
 
-    for tile in range(0, kv_end, BLOCK_N):
+    for tile in range(kv_start, kv_end, BLOCK_N):
         pos = tile + n
-        diagonal = tile >= unmasked_end
+        diagonal = (tile >= unmasked_end) | (tile < masked_below)
         valid = pos < kv_end
         page = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
         rows = page * stride_kb + (pos % PAGE) * stride_kt + kv_head * stride_kh
@@ -81,17 +87,22 @@ def _prefill_kernel(
         k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2         # [M, N]
         if diagonal:
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # Every row sees key 0 of its first tile (even padding rows, whose q_pos >= ctx): no NaN.
+            visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+            if window > 0:
+                visible = visible & (pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+        # Without a window every row sees key 0 of its first tile (even padding rows, whose q_pos >= ctx);
+        # with one a row may see nothing in a tile yet: a zero reference keeps exp2 free of NaN.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    o = acc / l_i[:, None]
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # 0 only for padding rows, which are not stored
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh
     tl.store(out_ptr + o_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=r_mask[:, None] & d_mask[None, :])
@@ -99,7 +110,7 @@ def _prefill_kernel(
 
 def prefill_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *, window: int | None = None,
 ) -> torch.Tensor:
     """Launches on inputs checked by ``folio.kernels.prefill_attention.paged_prefill_attention``."""
     ensure_launchable(_prefill_kernel, q.device)
@@ -113,7 +124,7 @@ def prefill_attention_triton(
     grid = (num_tokens // block_q + batch, kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
-        scale * LOG2E, batch,
+        scale * LOG2E, batch, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_Q=block_q, BLOCK_M=block_m,

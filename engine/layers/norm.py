@@ -1,4 +1,4 @@
-"""RMSNorm, computed in float32 as `transformers` does."""
+"""RMSNorm, computed in float32 as `transformers` does: Llama's rounding and Gemma's (1 + weight) form."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folio.engine.layers.kernels import kernels
+from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
+    """Llama's: the normalized value is rounded to the input dtype before the weight multiplies it."""
+
     use_kernels = False  # set by the model: folio.kernels (CUDA) instead of the PyTorch code below
 
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -30,9 +32,36 @@ class RMSNorm(nn.Module):
         """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
         if self.use_kernels:
             if residual is None:
-                return kernels().rms_norm(x, self.weight, self.eps)
-            return kernels().fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's: ``x * rsqrt(mean(x²) + eps) * (1 + weight)`` all in float32, rounded to the input dtype once.
+
+    Checkpoints store ``weight`` (zero-centred); `finish_loading` keeps ``1 + weight`` in float32, the factor
+    `transformers` computes on every call.
+    """
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.scale: torch.Tensor | None = None
+
+    def finish_loading(self) -> None:
+        self.scale = 1.0 + self.weight.detach().float()
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
+        assert self.scale is not None, "GemmaRMSNorm used before finish_loading()"
+        if residual is not None:
+            x = x + residual
+        out = F.rms_norm(x.float(), self.scale.shape, self.scale, self.eps).to(x.dtype)
+        return out if residual is None else (out, x)

@@ -5,6 +5,7 @@
  * row once, in place. The layout is folio.kernels.layout's: k_cache/v_cache are contiguous
  * [num_blocks, block_size, kv_heads, head_dim]; token t of sequence b lives in slot
  * block_tables[b][t / block_size] * block_size + t % block_size. Query head h reads KV head h / group.
+ * With a sliding window W > 0 a query reads only its sequence's last W tokens (W = 0: the whole context).
  *
  * Per sequence: scores for every head while walking the keys once, an exact two-pass softmax in float32, then
  * the weighted sum of values walking them once. float32 with head_dim a multiple of 16 runs an AVX-512 path
@@ -34,6 +35,7 @@ typedef struct {
     int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;  /* in elements */
     float scale;
     int dtype;
+    int64_t window; /* 0: full attention */
 } Problem;
 
 typedef struct {
@@ -108,13 +110,19 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
     return s;
 }
 
+/* The first position a query at the end of a context of `end` tokens reads. */
+static inline int64_t first_key(const Problem *p, int64_t end) {
+    return p->window > 0 && end > p->window ? end - p->window : 0;
+}
+
 /* One sequence. Inlined into per-head_dim entry points below, so that common sizes get fully unrolled loops. */
 static inline __attribute__((always_inline)) int attend_seq(const Problem *p, int64_t b, const int64_t dim,
                                                              float *scores, float *acc, float *qs, float *tmp) {
     const int64_t heads = p->heads, kv_heads = p->kv_heads, bs = p->block_size, dtype = p->dtype;
-    const int64_t group = heads / kv_heads, row = kv_heads * dim, len = p->context_lens[b];
+    const int64_t group = heads / kv_heads, row = kv_heads * dim, end = p->context_lens[b];
+    const int64_t lo = first_key(p, end), len = end - lo; /* keys lo .. end-1; scores are indexed from lo */
     const int32_t *table = p->block_tables + b * p->table_stride;
-    for (int64_t i = 0; i * bs < len; ++i) /* a bad block id would read outside the cache */
+    for (int64_t i = lo / bs; i * bs < end; ++i) /* a bad block id would read outside the cache */
         if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
 
     for (int64_t h = 0; h < heads; ++h) { /* the scale goes into q once, not into every score */
@@ -125,18 +133,19 @@ static inline __attribute__((always_inline)) int attend_seq(const Problem *p, in
 
     /* pass 1: every head's score for every key, walking the keys once (a token's keys for all KV heads are
      * one contiguous row; the query heads of a KV head share its load) */
-    for (int64_t start = 0; start < len; start += bs) {
-        const int64_t n = len - start < bs ? len - start : bs;
-        const int64_t base = (int64_t)table[start / bs] * bs * row;
+    for (int64_t start = lo; start < end;) {
+        const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
+        const int64_t base = (int64_t)table[start / bs] * bs * row + off * row;
         for (int64_t t = 0; t < n; ++t) {
             for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
                 const float *k = as_f32(dtype, p->k_cache, base + t * row + kvh * dim, dim, tmp);
                 for (int64_t g = 0; g < group; ++g) {
                     const int64_t h = kvh * group + g;
-                    scores[h * len + start + t] = dot(qs + h * dim, k, dim);
+                    scores[h * len + start - lo + t] = dot(qs + h * dim, k, dim);
                 }
             }
         }
+        start += n;
     }
     /* softmax per head, in place; 1/sum is applied to the output at the end */
     for (int64_t h = 0; h < heads; ++h) {
@@ -150,21 +159,22 @@ static inline __attribute__((always_inline)) int attend_seq(const Problem *p, in
         qs[h] = 1.0f / sum; /* qs is free now: it keeps the normalizers */
     }
     /* pass 2: the weighted values, walking the values once */
-    for (int64_t start = 0; start < len; start += bs) {
-        const int64_t n = len - start < bs ? len - start : bs;
-        const int64_t base = (int64_t)table[start / bs] * bs * row;
+    for (int64_t start = lo; start < end;) {
+        const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
+        const int64_t base = (int64_t)table[start / bs] * bs * row + off * row;
         for (int64_t t = 0; t < n; ++t) {
             for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
                 const float *v = as_f32(dtype, p->v_cache, base + t * row + kvh * dim, dim, tmp);
                 for (int64_t g = 0; g < group; ++g) {
                     const int64_t h = kvh * group + g;
-                    const float w = scores[h * len + start + t];
+                    const float w = scores[h * len + start - lo + t];
                     float *a = acc + h * dim;
 #pragma omp simd
                     for (int64_t d = 0; d < dim; ++d) a[d] += w * v[d];
                 }
             }
         }
+        start += n;
     }
     for (int64_t h = 0; h < heads; ++h) {
         const float norm = len > 0 ? qs[h] : 0.0f; /* an empty context gives zeros, as the layout says */
@@ -218,22 +228,23 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
 __attribute__((target("avx512f"))) static int attend_f32_avx512(const Problem *p, int64_t b, float *scores,
                                                                  float *norms) {
     const int64_t heads = p->heads, kv_heads = p->kv_heads, dim = p->head_dim, bs = p->block_size;
-    const int64_t group = heads / kv_heads, row = kv_heads * dim, len = p->context_lens[b], nv = dim / 16;
+    const int64_t group = heads / kv_heads, row = kv_heads * dim, end = p->context_lens[b], nv = dim / 16;
+    const int64_t lo = first_key(p, end), len = end - lo;
     const int32_t *table = p->block_tables + b * p->table_stride;
     const float *kc = (const float *)p->k_cache, *vc = (const float *)p->v_cache, *qb = (const float *)p->q;
-    for (int64_t i = 0; i * bs < len; ++i)
+    for (int64_t i = lo / bs; i * bs < end; ++i)
         if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
     const __m512 scale = _mm512_set1_ps(p->scale);
 
-    for (int64_t start = 0; start < len; start += bs) { /* pass 1: scores */
-        const int64_t n = len - start < bs ? len - start : bs;
-        const float *page = kc + (int64_t)table[start / bs] * bs * row;
+    for (int64_t start = lo; start < end;) { /* pass 1: scores */
+        const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
+        const float *page = kc + ((int64_t)table[start / bs] * bs + off) * row;
         for (int64_t h = 0; h < heads; ++h) {
             const float *qh = qb + b * p->q_stride_b + h * p->q_stride_h;
             const float *k = page + (h / group) * dim;
             __m512 q[16];
             for (int64_t i = 0; i < nv; ++i) q[i] = _mm512_mul_ps(_mm512_loadu_ps(qh + 16 * i), scale);
-            float *out = scores + h * len + start;
+            float *out = scores + h * len + start - lo;
             for (int64_t t = 0; t < n; ++t, k += row) {
                 __m512 a0 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k)), a1 = _mm512_setzero_ps();
                 for (int64_t i = 1; i + 1 < nv; i += 2) {
@@ -244,6 +255,7 @@ __attribute__((target("avx512f"))) static int attend_f32_avx512(const Problem *p
                 out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
             }
         }
+        start += n;
     }
     for (int64_t h = 0; h < heads; ++h) { /* softmax per head, in place; 1/sum goes to norms[h] */
         float *sc = scores + h * len;
@@ -270,13 +282,14 @@ __attribute__((target("avx512f"))) static int attend_f32_avx512(const Problem *p
         __m512 acc[16];
         for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_setzero_ps();
         const float *w = scores + h * len;
-        for (int64_t start = 0; start < len; start += bs) {
-            const int64_t n = len - start < bs ? len - start : bs;
-            const float *v = vc + (int64_t)table[start / bs] * bs * row + (h / group) * dim;
+        for (int64_t start = lo; start < end;) {
+            const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
+            const float *v = vc + ((int64_t)table[start / bs] * bs + off) * row + (h / group) * dim;
             for (int64_t t = 0; t < n; ++t, v += row) {
-                const __m512 wt = _mm512_set1_ps(w[start + t]);
+                const __m512 wt = _mm512_set1_ps(w[start - lo + t]);
                 for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(v + 16 * i), acc[i]);
             }
+            start += n;
         }
         const __m512 norm = _mm512_set1_ps(len > 0 ? norms[h] : 0.0f);
         float *o = (float *)p->out + b * p->out_stride_b + h * p->out_stride_h;
@@ -338,7 +351,7 @@ static void team_member(void *arg) { /* the team may be smaller than asked for: 
 static int run(const Problem *p, int64_t batch, int threads) {
     int64_t total = 0, max_len = 0;
     for (int64_t b = 0; b < batch; ++b) {
-        const int64_t len = p->context_lens[b];
+        const int64_t len = p->context_lens[b] - first_key(p, p->context_lens[b]); /* keys it reads */
         total += len;
         max_len = len > max_len ? len : max_len;
     }
@@ -354,7 +367,10 @@ static int run(const Problem *p, int64_t batch, int threads) {
     for (int i = 0; i < threads; ++i) { /* contiguous ranges of about equal total context */
         work[i] = (Work){p, b, b, max_len, FAIL_NONE};
         const int64_t goal = total * (i + 1) / threads;
-        while (b < batch && (i == threads - 1 || seen < goal)) seen += p->context_lens[b++];
+        while (b < batch && (i == threads - 1 || seen < goal)) {
+            seen += p->context_lens[b] - first_key(p, p->context_lens[b]);
+            ++b;
+        }
         work[i].last = b;
     }
     if (threads > 1 && gomp_parallel) {
@@ -379,22 +395,22 @@ static int run(const Problem *p, int64_t batch, int threads) {
 static PyObject *paged_decode(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long q, k_cache, v_cache, tables, lens, out;
-    long long batch, heads, kv_heads, head_dim, block_size, num_blocks, table_stride, qsb, qsh, osb, osh;
+    long long batch, heads, kv_heads, head_dim, block_size, num_blocks, table_stride, qsb, qsh, osb, osh, window;
     float scale;
     int dtype, threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLLLLfii", &q, &k_cache, &v_cache, &tables, &lens, &out, &batch,
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLLLLfiiL", &q, &k_cache, &v_cache, &tables, &lens, &out, &batch,
                           &heads, &kv_heads, &head_dim, &block_size, &num_blocks, &table_stride, &qsb, &qsh,
-                          &osb, &osh, &scale, &dtype, &threads))
+                          &osb, &osh, &scale, &dtype, &threads, &window))
         return NULL;
     if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 || block_size < 1 ||
-        (dtype != DTYPE_F32 && dtype != DTYPE_BF16)) {
+        window < 0 || (dtype != DTYPE_F32 && dtype != DTYPE_BF16)) {
         PyErr_SetString(PyExc_ValueError, "paged_decode: inconsistent problem sizes or dtype");
         return NULL;
     }
     const Problem p = {
         (const void *)(uintptr_t)q, (const void *)(uintptr_t)k_cache, (const void *)(uintptr_t)v_cache,
         (const int32_t *)(uintptr_t)tables, (const int32_t *)(uintptr_t)lens, (void *)(uintptr_t)out,
-        heads, kv_heads, head_dim, block_size, table_stride, num_blocks, qsb, qsh, osb, osh, scale, dtype,
+        heads, kv_heads, head_dim, block_size, table_stride, num_blocks, qsb, qsh, osb, osh, scale, dtype, window,
     };
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = run(&p, batch, threads < 1 ? 1 : threads);
@@ -427,7 +443,8 @@ static PyMethodDef methods[] = {
      "run on (all 0: plain pthreads)"},
     {"paged_decode", paged_decode, METH_VARARGS,
      "paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, batch, heads, kv_heads, head_dim, "
-     "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads): "
+     "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads, "
+     "window): "
      "pointers and sizes already checked by folio.kernels.decode_attention_cpu"},
     {NULL, NULL, 0, NULL},
 };

@@ -27,3 +27,8 @@ APPLIED = Counter(
     "Child objects written by the operator, by kind and action.",
     ["kind", "action"],  # action: created | deleted
 )
+REVISIONS_FAILED = Counter(
+    "folio_operator_revisions_failed_total",
+    "Revisions the rollout failed (and rolled back when they had traffic), by failedRevisions[].reason.",
+    ["namespace", "isvc", "reason"],
+)

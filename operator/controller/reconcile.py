@@ -42,6 +42,7 @@ from folio.operator.spec import (
     KIND,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    check_name,
     describe_errors,
 )
 
@@ -130,6 +131,10 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     status = InferenceServiceStatus.model_validate(isvc.status)
     try:
         spec = InferenceServiceSpec.model_validate(isvc.obj.get("spec") or {})
+        try:
+            check_name(isvc.name)
+        except ValueError as exc:  # the API server took it, but Folio's children's names would not fit
+            raise PlanningError("InvalidName", str(exc)) from None
         validate(spec)
     except pydantic.ValidationError as exc:
         await _report_invalid(ctx, body, isvc, status, "InvalidSpec", describe_errors(exc, "spec"), now, logger)
@@ -137,8 +142,10 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
         return "invalid"
     except PlanningError as exc:
         await _report_invalid(ctx, body, isvc, status, exc.reason, exc.message, now, logger)
-        # Keep what already runs running (and repaired) while the new spec waits for a fix.
-        await _execute(ctx, body, isvc, spec, status, children, expect)
+        # Keep what already runs running (and repaired) while the new spec waits for a fix; with a name
+        # its children cannot carry, nothing can run.
+        if exc.reason != "InvalidName":
+            await _execute(ctx, body, isvc, spec, status, children, expect)
         schedule.after(None)
         return "invalid"
 
@@ -151,6 +158,10 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
         if sample is not None:
             observed = dataclasses.replace(observed, analysis=sample)
     decision = advance(spec, isvc.generation, status, observed)
+    known = {(f.revision, f.at) for f in status.failed_revisions}
+    for failed in decision.status.failed_revisions:
+        if (failed.revision, failed.at) not in known:
+            metrics.REVISIONS_FAILED.labels(namespace=isvc.namespace, isvc=isvc.name, reason=failed.reason).inc()
     await _execute(ctx, body, isvc, spec, decision.status, children, expect)
     await _write_status(ctx, isvc, decision.status)
     if decision.overrides_done:  # acted on: remove the annotations so they are not acted on twice

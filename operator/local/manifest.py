@@ -23,10 +23,11 @@ def load_manifest(path: str | Path) -> InferenceService:
     from pydantic import ValidationError
 
     from folio.operator.spec import KIND, InferenceService, describe_errors
+    from folio.operator.yaml_load import load_all
 
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = [d for d in load_all(path.read_text()) if d is not None]
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

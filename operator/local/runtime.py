@@ -33,7 +33,13 @@ from folio.operator.router.config import ConfigError
 from folio.operator.serving.engine import engine_flags
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.plan import Placement, RevisionPlan, ServingPlan, plan
-from folio.operator.spec import InferenceService, InferenceServiceSpec, RevisionStatus, revision_name
+from folio.operator.spec import (
+    InferenceService,
+    InferenceServiceSpec,
+    RevisionStatus,
+    check_name,
+    revision_name,
+)
 
 ROUTER = "router"
 TICK_S = 0.5
@@ -300,10 +306,18 @@ class LocalRuntime:
         )
 
 
+# One machine runs every replica as a process of its own: more than this is a typo, not a plan.
+LOCAL_MAX_REPLICAS = 16
+
+
 def check_manifest(manifest: InferenceService) -> None:
     """What the spec model cannot check but `folio up` needs; raises ValueError with the reason."""
-    if not manifest.name:
-        raise ValueError("metadata.name is required")
+    check_name(manifest.name)  # as the API server (and Folio's children's names) would
+    if manifest.spec.replicas > LOCAL_MAX_REPLICAS:
+        raise ValueError(
+            f"spec.replicas {manifest.spec.replicas} is more than `folio up` runs on one machine "
+            f"(at most {LOCAL_MAX_REPLICAS} engine processes per revision)"
+        )
     if manifest.spec.model.scheme == "pvc":
         raise ValueError("pvc:// sources need a cluster; `folio up` serves file:// (and hf://) sources")
     try:

@@ -122,7 +122,10 @@ class RouterApp:
     # ----------------------------------------------------------------------------- handlers
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        body: dict[str, object] = {"status": "ok"}
+        if self.state.config.problems:  # serving, but without part of its config
+            body["configProblems"] = list(self.state.config.problems)
+        return web.json_response(body)
 
     async def _ready(self, request: web.Request) -> web.Response:
         ready, reason = self.state.ready()

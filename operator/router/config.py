@@ -56,6 +56,11 @@ class Shadow(_Wire):
     percent: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
+# Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
+# bad overflow URL never leaves a router with nothing to serve.
+OPTIONAL_PARTS = ("overflow", "shadow")
+
+
 class RouterConfig(_Wire):
     traffic: list[TrafficTarget] = Field(default_factory=list)
     endpoints: dict[str, list[str]] = Field(default_factory=dict)
@@ -65,6 +70,8 @@ class RouterConfig(_Wire):
     overflow: Overflow | None = None
     shadow: Shadow | None = None
     api_keys: list[str] | None = None
+    # what parse() dropped, one readable line per part: the router logs these and reports them on /health
+    problems: tuple[str, ...] = ()
 
     @field_validator("endpoints")
     @classmethod
@@ -100,7 +107,7 @@ class RouterConfig(_Wire):
 
     def to_wire(self) -> dict[str, Any]:
         """The wire form as a JSON-ready dict: what `folio up` writes to the file its router follows."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"problems"})
 
     @classmethod
     def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:
@@ -111,7 +118,19 @@ class RouterConfig(_Wire):
             raise ConfigError(f"router config is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"router config must be a JSON object, got {type(raw).__name__}")
+        raw = {k: v for k, v in raw.items() if k != "problems"}
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
+            errors = exc.errors()
+        bad = {str(err["loc"][0]) for err in errors if err["loc"]}
+        if not errors or not bad <= set(OPTIONAL_PARTS) or any(not err["loc"] for err in errors):
+            raise ConfigError(f"invalid router config: {describe_errors(errors)}")
+        try:
+            config = cls.model_validate({k: v for k, v in raw.items() if k not in bad})
+        except ValidationError as exc:
             raise ConfigError(f"invalid router config: {describe_errors(exc)}") from exc
+        dropped = tuple(
+            f"{part} ignored: {describe_errors([e for e in errors if e['loc'][0] == part])}" for part in sorted(bad)
+        )
+        return config.model_copy(update={"problems": dropped})

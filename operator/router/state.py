@@ -36,6 +36,9 @@ class RoutingState:
         self.balancer.update(config.endpoints)
         if config.api_keys != old.api_keys or not self.loaded:
             self.api_keys = ApiKeys([*self._static_keys, *(config.api_keys or [])])
+        if config.problems != old.problems:
+            for problem in config.problems:  # what the config held that the router could not use
+                log.error("router config: %s; serving without it", problem)
         self.config = config
         self.loaded = True
 

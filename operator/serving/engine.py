@@ -115,7 +115,23 @@ def engine_flags(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] |
         raise PlanningError(
             "InvalidEngineArgs", f"spec.engine.args: {'; '.join(problems)} (known args: {_listing(sorted(table))})"
         )
+    _check_values(flags)
     return flags
+
+
+def _check_values(flags: list[str]) -> None:
+    """Run `folio serve`'s own checks on the flags now, so that a value it would refuse (maxNumSeqs 0,
+    blockSize 3, kvCacheMemoryGib -1 ...) is a planning error naming the arg, not a crash-looping pod."""
+    from folio.engine import serve_cli
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    serve_cli.add_arguments(parser)
+    try:
+        serve_cli.check(parser.parse_args(["--model", "(planned)", *flags]))
+    except serve_cli.FlagError as exc:
+        raise PlanningError("InvalidEngineArgs", f"spec.engine.args.{camel(exc.dest.replace('_', '-'))}: {exc}") from None
+    except (argparse.ArgumentError, SystemExit) as exc:  # types were checked above; defensive only
+        raise PlanningError("InvalidEngineArgs", f"spec.engine.args: {exc}") from None
 
 
 def _fits(kind: ArgKind, value: EngineArgValue) -> bool:

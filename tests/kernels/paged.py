@@ -63,12 +63,17 @@ def make_paged_kv(
                    torch.tensor(lens, dtype=torch.int32, device=device), keys, values)
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """torch SDPA on un-paged K/V: ``q[Tq, Hq, D]`` are the last Tq positions of ``k``/``v`` ``[L, Hkv, D]``."""
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """torch SDPA on un-paged K/V: ``q[Tq, Hq, D]`` are the last Tq positions of ``k``/``v`` ``[L, Hkv, D]``;
+    with a sliding ``window`` each query sees its last ``window`` positions only."""
     tq, length = q.shape[0], k.shape[0]
     if length == 0:
         return torch.zeros_like(q)
     causal = torch.ones(tq, length, dtype=torch.bool, device=q.device).tril(length - tq)
+    if window is not None:
+        causal = causal.triu(length - tq - window + 1)
     out = F.scaled_dot_product_attention(
         q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1),
         attn_mask=causal, scale=scale, enable_gqa=True,

@@ -42,7 +42,7 @@ def test_auto_picks_native_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(2, 3, 64)
     calls = []
     real = decode_attention_cpu.decode_attention_cpu
-    monkeypatch.setattr(decode_attention_cpu, "decode_attention_cpu", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(decode_attention_cpu, "decode_attention_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
     paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
     assert calls == [1]
     paged_decode_attention(q.half(), kv.k_cache.half(), kv.v_cache.half(), kv.block_tables, kv.context_lens, 0.125)

@@ -40,6 +40,25 @@ BAD_MANIFESTS = {
         "unknown engine arg 'maxModelLenn'",
     ),
     "unknown field": (GOOD_SPEC + "  replicaz: 2\n", "spec.replicaz: Extra inputs are not permitted"),
+    # names the API server (or Folio's children's names) would refuse
+    "bad name": (GOOD_SPEC.replace("{name: chat}", "{name: Bad_Name!}"), "must be at most 44 lower-case"),
+    "path name": (GOOD_SPEC.replace("{name: chat}", '{name: "../../etc"}'), "must be at most 44 lower-case"),
+    "long name": (GOOD_SPEC.replace("{name: chat}", "{name: " + "a" * 300 + "}"), "must be at most 44"),
+    "too many replicas": (GOOD_SPEC + "  replicas: 100000\n", "less than or equal to 512"),
+    "more replicas than one machine runs": (GOOD_SPEC + "  replicas: 17\n", "at most 16 engine processes"),
+    # engine args `folio serve` itself would refuse: a planning error naming the arg, not a crash loop
+    "zero maxNumSeqs": (GOOD_SPEC + "  engine: {args: {maxNumSeqs: 0}}\n", "spec.engine.args.maxNumSeqs"),
+    "negative maxNumSeqs": (GOOD_SPEC + "  engine: {args: {maxNumSeqs: -5}}\n", "spec.engine.args.maxNumSeqs"),
+    "zero blockSize": (GOOD_SPEC + "  engine: {args: {blockSize: 0}}\n", "spec.engine.args.blockSize"),
+    "huge maxModelLen": (GOOD_SPEC + "  engine: {args: {maxModelLen: 1000000000000}}\n", "spec.engine.args.maxModelLen"),
+    "negative kv cache": (GOOD_SPEC + "  engine: {args: {kvCacheMemoryGib: -1}}\n", "spec.engine.args.kvCacheMemoryGib"),
+    "negative shutdown": (GOOD_SPEC + "  engine: {args: {shutdownTimeout: -1}}\n", "spec.engine.args.shutdownTimeout"),
+    "zero maxN": (GOOD_SPEC + "  engine: {args: {maxN: 0}}\n", "spec.engine.args.maxN"),
+    "alias bomb": (
+        GOOD_SPEC + "  engine: {env: [{name: A, value: x}]}\nx0: &x0 [a, a, a, a, a, a, a, a, a, a]\n"
+        + "".join(f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]\n" for i in range(1, 9)),
+        "expands to more than 100000 nodes",
+    ),
 }
 
 

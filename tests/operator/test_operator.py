@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from folio.operator.controller import metrics
 from tests.operator.harness import (
     NAMESPACE,
     ApiServer,
@@ -242,7 +243,10 @@ async def test_retry_after_failed_weights_pulls_them_again(cluster: Cluster) -> 
             return any(f["revision"] == rev and f["reason"] == "WeightsFailed"
                        for f in status.get("failedRevisions", []))
 
+        failures = metrics.REVISIONS_FAILED.labels(namespace=NAMESPACE, isvc="chat", reason="WeightsFailed")
+        before = failures._value.get()
         await eventually(weights_failed, what="the revision failed on its weights")
+        assert failures._value.get() == before + 1  # what FolioCanaryRolledBack alerts on
 
         # `folio retry chat` sets this annotation; the old Job must go so the pull runs afresh
         await cluster.call(cluster.kube.merge_patch, "serving.folio.dev/v1alpha1", "InferenceService", NAMESPACE,

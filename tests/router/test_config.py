@@ -48,7 +48,6 @@ def test_explicit_stable_and_canary() -> None:
         ('{"traffic": [{"revision": "a", "weight": 101}]}', "traffic.0.weight"),
         ('{"traffic": [{"revision": "a", "weight": 1}, {"revision": "a", "weight": 2}]}', "more than once"),
         ('{"endpoints": {"a": ["127.0.0.1:9000"]}}', "must start with http://"),
-        ('{"shadow": {"percent": -1}}', "shadow.percent"),
         ('{"traffic": "a"}', "traffic"),
     ],
 )
@@ -56,3 +55,23 @@ def test_bad_configs_say_what_is_wrong(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match="router config") as info:
         RouterConfig.parse(text)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("part", "fragment"),
+    [({"overflow": {"url": "ftp://x"}}, "overflow ignored: overflow.url"),
+     ({"overflow": {"url": "api.example.com"}}, "overflow ignored"),
+     ({"shadow": {"percent": -1}}, "shadow ignored: shadow.percent")],
+)
+def test_a_bad_optional_part_is_dropped_and_reported_not_fatal(part: dict, fragment: str) -> None:
+    base = {"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": ["http://127.0.0.1:9001"]}}
+    cfg = RouterConfig.parse({**base, **part})
+    assert [t.revision for t in cfg.traffic] == ["r1"] and cfg.endpoints == base["endpoints"]
+    assert cfg.overflow is None and cfg.shadow is None
+    assert len(cfg.problems) == 1 and fragment in cfg.problems[0]
+    assert "problems" not in cfg.to_wire()
+
+
+def test_a_bad_required_part_still_refuses_the_config() -> None:
+    with pytest.raises(ConfigError, match=r"traffic\.0\.weight"):
+        RouterConfig.parse({"traffic": [{"revision": "a", "weight": 101}], "overflow": {"url": "ftp://x"}})

@@ -75,3 +75,18 @@ async def test_router_waits_for_a_missing_file(router: RouterFactory, tmp_path: 
         await _until_weight(r, "r1", 100)
         assert (await r.client.get("/ready")).json() == {"ready": True, "reason": "ok"}
         assert (await r.complete()).status_code == 200
+
+
+async def test_a_bad_overflow_url_at_start_up_still_serves(router: RouterFactory, tmp_path: Path) -> None:
+    """There is no last good config at start-up: the router must serve with what it can use."""
+    up = FakeUpstream("r1")
+    path = tmp_path / "router.json"
+    async with serving(up):
+        _write(path, {"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [up.url]},
+                      "overflow": {"url": "ftp://x"}})  # fmt: skip
+        async with router(source=FileSource(path, interval=0.02)) as r:
+            await _until_weight(r, "r1", 100)
+            codes = [(await r.complete()).status_code for _ in range(50)]
+            assert codes == [200] * 50
+            health = (await r.client.get("/health")).json()
+            assert health["status"] == "ok" and "overflow ignored" in health["configProblems"][0]

@@ -54,6 +54,26 @@ def test_bad_engine_args_are_planning_errors(args: dict[str, Any], fragment: str
     assert "known args:" in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [  # values of the right type that `folio serve` itself refuses: they used to crash-loop the pods
+        ({"maxNumSeqs": 0}, "spec.engine.args.maxNumSeqs: max_num_seqs must be >= 1, got 0"),
+        ({"maxNumSeqs": -5}, "spec.engine.args.maxNumSeqs"),
+        ({"blockSize": 0}, "spec.engine.args.blockSize: block_size must be a power of two"),
+        ({"maxModelLen": 10**12}, "spec.engine.args.maxModelLen: max_model_len must be in [1, 33554432]"),
+        ({"kvCacheMemoryGib": -1}, "spec.engine.args.kvCacheMemoryGib: kv_cache_memory_gib must be > 0"),
+        ({"shutdownTimeout": -1}, "spec.engine.args.shutdownTimeout: --shutdown-timeout must be >= 0"),
+        ({"maxN": 0}, "spec.engine.args.maxN: --max-n must be >= 1"),
+        ({"faultErrorRate": 1.5}, "spec.engine.args.faultErrorRate: fault error rate must be in [0, 1]"),
+    ],
+)
+def test_engine_arg_values_folio_serve_refuses_are_planning_errors(args: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(PlanningError) as info:
+        validate(make_spec(engine={"args": args}))
+    assert info.value.reason == "InvalidEngineArgs"
+    assert fragment in info.value.message
+
+
 @pytest.mark.parametrize("source", ["pvc://just-a-claim", "pvc://claim/"])
 def test_a_source_without_a_path_is_a_planning_error(source: str) -> None:
     spec = make_spec(model={"source": source, "digest": DIGEST})

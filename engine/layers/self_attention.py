@@ -1,0 +1,89 @@
+"""A decoder layer's attention block: merged Q/K/V projection, optional per-head q/k norm, rotary
+embedding, paged attention (sliding-window where the layer has one), output projection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folio.engine.layers.attention import paged_attention
+from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.rotary import RotaryEmbedding, rotate
+from folio.engine.layers.weights import CheckpointNames, empty_param
+
+
+class SelfAttention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding,
+        *,
+        scale: float | None = None,
+        window: int | None = None,
+        bias: bool = False,
+        qk_norm: Callable[[int], nn.Module] | None = None,  # makes a norm over head_dim (one for q, one for k)
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = window
+        self.qkv_weight = empty_param(self.q_size + 2 * self.kv_size, hidden_size)
+        self.qkv_bias = empty_param(self.q_size + 2 * self.kv_size) if bias else None
+        self.o_weight = empty_param(hidden_size, self.q_size)
+        self.q_norm = None if qk_norm is None else qk_norm(head_dim)
+        self.k_norm = None if qk_norm is None else qk_norm(head_dim)
+        self.rotary = rotary
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q_end, k_end = self.q_size, self.q_size + self.kv_size
+        v = qkv[:, k_end:].view(-1, self.num_kv_heads, self.head_dim)
+        cos_sin = ctx.rope_cos_sin.get(self.rotary)
+        if cos_sin is not None and self.q_norm is None:  # PyTorch path: rotate q and k heads in one pass
+            qk = qkv[:, :k_end].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = rotate(qk, *cos_sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = qkv[:, :q_end].view(-1, self.num_heads, self.head_dim)
+            k = qkv[:, q_end:k_end].view(-1, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(positions, q, k, cos_sin)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx, self.scale, self.window)
+        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+
+    def checkpoint_names(self) -> CheckpointNames:
+        """Checkpoint tensors (names relative to this block) and where they go: separate q/k/v projections
+        or a fused one (Phi-3's qkv_proj)."""
+        q, k = slice(0, self.q_size), slice(self.q_size, self.q_size + self.kv_size)
+        v = slice(self.q_size + self.kv_size, None)
+        names: CheckpointNames = {
+            "q_proj.weight": ("qkv_weight", (q,)),
+            "k_proj.weight": ("qkv_weight", (k,)),
+            "v_proj.weight": ("qkv_weight", (v,)),
+            "qkv_proj.weight": ("qkv_weight", ()),
+            "o_proj.weight": ("o_weight", ()),
+        }
+        if self.qkv_bias is not None:
+            names |= {
+                "q_proj.bias": ("qkv_bias", (q,)),
+                "k_proj.bias": ("qkv_bias", (k,)),
+                "v_proj.bias": ("qkv_bias", (v,)),
+                "qkv_proj.bias": ("qkv_bias", ()),
+            }
+        if self.q_norm is not None:
+            names |= {"q_norm.weight": ("q_norm.weight", ()), "k_norm.weight": ("k_norm.weight", ())}
+        return names

@@ -1,0 +1,173 @@
+"""What every model family shares: embeddings, the stack of decoder layers over the paged KV cache, the
+final norm, the LM head, and how checkpoint tensors (Hugging Face or GGUF names) reach the parameters.
+
+A family subclasses `DecoderLM`, names the architectures it serves and builds its layers in
+`make_layer`; `folio.engine.models.registry` lists the families.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folio.engine.config import ModelConfig
+from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.moe import SparseMoE
+from folio.engine.layers.norm import RMSNorm
+from folio.engine.layers.rotary import RotaryEmbedding
+from folio.engine.layers.weights import Index, checkpoint_targets, empty_param, finish_loading
+
+# llama.cpp's tensor names inside a block → the Hugging Face names (Llama's layout)
+LLAMA_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+class DecoderLM(nn.Module):
+    ARCHITECTURES: ClassVar[tuple[str, ...]] = ()  # `architectures` in config.json
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = ()  # `model_type` (all a GGUF-derived config has)
+    GGUF_ARCHITECTURES: ClassVar[tuple[str, ...]] = ()  # llama.cpp's general.architecture
+    GGUF_LAYER_NAMES: ClassVar[dict[str, str]] = LLAMA_GGUF_NAMES
+    # Decode steps replay CUDA graphs unless a layer needs the host mid-step (MoE's expert counts do).
+    supports_cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.max_position = max_position
+        self.make_shared()
+        self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(self.make_layer(i) for i in range(cfg.num_hidden_layers))
+        self.norm = self.make_norm(cfg.hidden_size)
+        self.lm_head = None if cfg.tie_word_embeddings else empty_param(cfg.vocab_size, cfg.hidden_size)
+        # each distinct rotary embedding; the PyTorch path computes its cos/sin once per step
+        self._rotaries = list({id(m): m for m in self.modules() if isinstance(m, RotaryEmbedding)}.values())
+
+    # --- what a family defines ------------------------------------------------------------------------
+
+    @property
+    def hf(self) -> Any:
+        """The `transformers` config object: the family's quirks are read from it."""
+        return self.config.hf
+
+    def make_shared(self) -> None:
+        """Build what the layers share (rotary embeddings) before `make_layer` runs."""
+
+    def make_layer(self, index: int) -> nn.Module:
+        raise NotImplementedError
+
+    def make_norm(self, size: int) -> nn.Module:
+        return RMSNorm(size, self.config.rms_norm_eps)
+
+    def layer_window(self, index: int) -> int | None:
+        """Layer ``index``'s sliding window, or None for full attention (as `transformers` decides it: the
+        config's layer_types where it has them, else every layer when sliding_window is set)."""
+        window = getattr(self.hf, "sliding_window", None)
+        types = getattr(self.hf, "layer_types", None)
+        if types is not None:
+            return window if types[index] == "sliding_attention" else None
+        return window
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
+    # --- the forward pass -----------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's tokens (final norm applied)."""
+        x = self.embed(input_ids)
+        if not ctx.use_kernels:
+            ctx.rope_cos_sin = {r: r.cos_sin(positions, x.dtype) for r in self._rotaries}
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(positions, x, residual, kv_cache, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()
+
+    # --- device placement -----------------------------------------------------------------------------
+
+    def store_weights_for_cpu_float32(self) -> None:
+        """Keep each projection's weight [out, in] column-major, i.e. as a contiguous [in, out] matrix
+        (per expert for stacked expert weights).
+
+        `F.linear` multiplies by the weight's transpose; when that transpose is contiguous, MKL's float32
+        GEMM reads it as is instead of re-laying-out the whole weight on every call, which at decode batch
+        sizes is a large share of the work (bench/cpu_paths.py: 1.03-1.25x per projection, bit-identical).
+        The embedding table stays row-major for its row lookups, and so does the LM head, which measured
+        no faster (a wide [vocab, hidden] matrix).
+        """
+        for layer in self.layers:
+            for param in layer.parameters():
+                if param.dim() >= 2:
+                    param.data = param.data.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    def use_kernels(self, enabled: bool) -> None:
+        """Route norms and rotary embeddings through `folio.kernels` (on by default on CUDA)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding)):
+                module.use_kernels = enabled
+
+    # --- weights --------------------------------------------------------------------------------------
+
+    def checkpoint_targets(self) -> dict[str, tuple[str, Index]]:
+        """Hugging Face checkpoint name → (parameter name, index into it)."""
+        targets: dict[str, tuple[str, Index]] = {
+            "model.embed_tokens.weight": ("embed_tokens", ()),
+            "model.norm.weight": ("norm.weight", ()),
+        }
+        if self.lm_head is not None:
+            targets["lm_head.weight"] = ("lm_head", ())
+        for i, layer in enumerate(self.layers):
+            targets |= checkpoint_targets(layer, f"layers.{i}.", f"model.layers.{i}.")
+        return targets
+
+    @classmethod
+    def gguf_to_hf_name(cls, name: str) -> str | None:
+        """A GGUF tensor's Hugging Face name (None for tensors the model does not use)."""
+        fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+        if name in fixed:
+            return fixed[name]
+        if not name.startswith("blk."):
+            return None
+        _, i, kind, suffix = name.split(".", 3)
+        hf = cls.GGUF_LAYER_NAMES.get(kind)
+        return None if hf is None else f"model.layers.{i}.{hf}.{suffix}"
+
+    def gguf_tensor(self, gguf_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Undo what llama.cpp's converter did to a tensor of this family (nothing, by default)."""
+        return tensor
+
+    def finish_loading(self) -> None:
+        finish_loading(self)
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(parameters, parameters a token uses): they differ for mixtures of experts."""
+        total = sum(p.numel() for p in self.parameters())
+        active = total
+        for m in self.modules():
+            if isinstance(m, SparseMoE):
+                moe_total, moe_active = m.parameter_counts()
+                active -= moe_total - moe_active
+        return total, active

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     namespaces = args.namespace or ([] if args.all_namespaces else [current_namespace()])
     settings = configure(kopf.OperatorSettings(), peering=args.peering or None, clusterwide=args.all_namespaces)
-    registry = register(kopf.OperatorRegistry(), resync_s=args.resync_seconds)
+    registry = register(kopf.OperatorRegistry())
     # kopf logs in as our own client does: the pod's service account, else the kubeconfig.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     try:

@@ -64,12 +64,10 @@ def configure(settings: kopf.OperatorSettings, *, watch_timeout_s: float = 300.0
     return settings
 
 
-def register(registry: kopf.OperatorRegistry, resync_s: float) -> kopf.OperatorRegistry:
+def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     """Attach the handlers. API failures back off via `kopf.TemporaryError`; anything unexpected is
-    retried by kopf after `UNEXPECTED_BACKOFF_S`, so a bug never turns into a hot loop.
-
-    ``resync_s`` is the longest a clock waits (the operator's `--resync-seconds`, kept in the context).
-    """
+    retried by kopf after `UNEXPECTED_BACKOFF_S`, so a bug never turns into a hot loop. The longest a
+    clock waits is the context's ``resync_s`` (`folio operator --resync-seconds`)."""
     for api_version, kind in INDEXED_KINDS:
         group, _, version = api_version.rpartition("/")
         child = {"group": group, "version": version, "plural": PLURALS[(api_version, kind)],

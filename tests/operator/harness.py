@@ -175,7 +175,7 @@ async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = R
     kopf runs in its own thread and event loop, as in production: on exit it cancels every task
     of its loop, which must not include the emulator's.
     """
-    registry = register(kopf.OperatorRegistry(), resync_s=resync_s)
+    registry = register(kopf.OperatorRegistry())
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

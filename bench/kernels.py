@@ -185,7 +185,7 @@ def engine_decode_tok_s(llm: object, batch: int, steps: int) -> float:
 
 def bench_engine_decode(batches: tuple[int, ...]) -> None:
     from folio.engine import LLM
-    from folio.operator.local.demo import smollm2_gguf
+    from folio.operator.testing.smollm2 import smollm2_gguf
 
     gguf = smollm2_gguf()
     if gguf is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from e2e.kube import REPO, CommandError, Kubectl, find_tool, run
+from e2e.kubectl import REPO, CommandError, Kubectl, find_tool, run
 from tests.support.models import smollm2_gguf
 
 IMAGE = os.environ.get("FOLIO_E2E_IMAGE", "folio:e2e")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from e2e.conftest import ISVC, NAMESPACE, RELEASE_NAMESPACE, SERVED, inference_service
-from e2e.kube import REPO, Kubectl, Load, chat, condition, router_counts, run, wait_for
+from e2e.kubectl import REPO, Kubectl, Load, chat, condition, router_counts, run, wait_for
+from folio.operator.k8s.names import REVISION_LABEL
 from folio.operator.spec import InferenceServiceSpec, revision_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -83,7 +84,7 @@ def test_faulty_canary_is_rolled_back(kube: Kubectl, chat_service: dict[str, Any
     assert sum(v for (rev, code), v in counts.items() if rev == bad and code.startswith("2")) == 0
     # the failed revision is scaled to zero: no serving pods left
     wait_for("the failed revision's pods to go",
-             lambda: not kube("get", "pods", "-l", f"serving.folio.dev/revision={bad}", "-o", "name").strip(),
+             lambda: not kube("get", "pods", "-l", f"{REVISION_LABEL}={bad}", "-o", "name").strip(),
              timeout=300)
 
 

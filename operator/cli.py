@@ -1,8 +1,9 @@
 """The `folio` command line.
 
 Each subcommand lives in the module that owns it; this file only routes. A command module
-exposes `add_arguments(parser)` and `main(args) -> int` and keeps heavy imports (torch,
-kopf, uvicorn) inside `main`, so `folio --help` and argument errors stay instant.
+exposes `add_arguments(parser)` and `main(args) -> int` (``args.command`` names the command, so
+one module may serve several) and keeps heavy imports (torch, kopf, uvicorn) inside `main`, so
+`folio --help` and argument errors stay instant.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("folio.engine.serve_cli", "run one engine replica (OpenAI-compatible server)"),
     "router": ("folio.operator.router.cli", "run the traffic router for one InferenceService"),
-    "operator": ("folio.operator.controller", "run the Kubernetes operator (kopf)"),
+    "operator": ("folio.operator.controller.cli", "run the Kubernetes operator (kopf)"),
     "crd": ("folio.operator.crd", "print the CRD YAML generated from the spec model"),
     "up": ("folio.operator.local.cli_up", "run an InferenceService on this machine"),
     "apply": ("folio.operator.local.cli_apply", "change a running local InferenceService"),
     "status": ("folio.operator.local.cli_status", "show InferenceService status (local or cluster)"),
-    "promote": ("folio.operator.local.cli_promote", "promote the running canary now"),
-    "abort": ("folio.operator.local.cli_abort", "abort the running canary (back to 100% stable)"),
-    "retry": ("folio.operator.local.cli_retry", "retry a failed revision"),
+    "promote": ("folio.operator.local.cli_override", "promote the running canary now"),
+    "abort": ("folio.operator.local.cli_override", "abort the running canary (back to 100% stable)"),
+    "retry": ("folio.operator.local.cli_override", "retry a failed revision"),
     "digest": ("folio.engine.digest", "print the sha256 content digest of a weight file or folder"),
 }
 
@@ -52,6 +53,12 @@ def _version() -> str:
         return version("folio")
     except PackageNotFoundError:
         return "0.0.0+unknown"
+
+
+def fail(command: str, message: str) -> int:
+    """A command's error: one line on stderr, exit code 1."""
+    print(f"folio {command}: {message}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ weights as another one in the cache (different engine args) hard-links that copy
 fetching it again. On success the Job's termination message is the digest; on failure it is the
 reason, which the operator shows in ``WeightsReady``.
 
-The Job and the cache PVC are built by `prepull_job` and `weights_pvc`.
+The Job and the cache PVC are planned by `folio.operator.serving.cache`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from folio.engine.digest import DigestMismatchError, compute_digest, verify_digest
-from folio.operator.spec import COMMIT_RE, DIGEST_RE, CacheSpec, ModelSource
+from folio.operator.spec import COMMIT_RE, DIGEST_RE, ModelSource
 
 RECORD = ".folio-weights.json"
 CACHE_MOUNT = "/weights"
@@ -72,6 +72,15 @@ def model_dir_name(model: ModelSource) -> str:
     if not name or name in (".", ".."):
         raise WeightsError(f"cannot name the weights of {model.source!r}: it has no final path component")
     return name
+
+
+def weights_path(rev: str, model: ModelSource, root: str = CACHE_MOUNT) -> str:
+    """Where a revision's verified weights live in the cache: ``{root}/{rev}/<model>``.
+
+    ``root`` is the cache: the volume mounted at ``/weights`` in a cluster, the state folder's
+    ``cache/`` for `folio up`. Revisions with the same pinned weights share them (hard links).
+    """
+    return f"{root.rstrip('/')}/{rev}/{model_dir_name(model)}"
 
 
 def pvc_claim_and_path(source: str) -> tuple[str, str]:
@@ -227,123 +236,6 @@ def _copy(src: Path, target: Path, *, link: bool, progress: Progress | None = No
             progress("copy", done, total)
 
 
-# ------------------------------------------------------------------- manifests
-
-
-def _labels(isvc: str, rev: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "folio",
-        "app.kubernetes.io/instance": isvc,
-        "app.kubernetes.io/component": "prepull",
-        "app.kubernetes.io/managed-by": "folio",
-        "serving.folio.dev/inferenceservice": isvc,
-        "serving.folio.dev/revision": rev,
-    }
-
-
-def cache_pvc_name(isvc: str) -> str:
-    return f"{isvc}-weights"
-
-
-def prepull_job_name(isvc: str, rev: str) -> str:
-    return f"{isvc}-prepull-{rev}"
-
-
-def weights_path(rev: str, model: ModelSource) -> str:
-    """The path engine pods serve: ``/weights/{rev}/<model>``."""
-    return f"{CACHE_MOUNT}/{rev}/{model_dir_name(model)}"
-
-
-def weights_pvc(
-    isvc: str,
-    namespace: str,
-    cache: CacheSpec,
-    *,
-    access_modes: tuple[str, ...] = ("ReadWriteOnce",),
-    owner: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The cache PVC ``{isvc}-weights``.
-
-    ReadWriteOnce suits one node (and kind); engine replicas spread over several nodes need a
-    class that offers ReadWriteMany, passed in ``access_modes``.
-    """
-    labels = {k: v for k, v in _labels(isvc, "").items() if k != "serving.folio.dev/revision"}
-    labels["app.kubernetes.io/component"] = "cache"
-    spec: dict[str, Any] = {"accessModes": list(access_modes), "resources": {"requests": {"storage": cache.size}}}
-    if cache.storage_class_name:
-        spec["storageClassName"] = cache.storage_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(cache_pvc_name(isvc), namespace, labels, owner),
-        "spec": spec,
-    }
-
-
-def prepull_job(
-    isvc: str,
-    namespace: str,
-    rev: str,
-    model: ModelSource,
-    *,
-    image: str,
-    owner: dict[str, Any] | None = None,
-    backoff_limit: int = 2,
-) -> dict[str, Any]:
-    """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it.
-
-    ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
-    InferenceService, so the Job goes with it.
-    """
-    args = ["--source", model.source, "--dest", weights_path(rev, model)]
-    if model.revision:
-        args += ["--revision", model.revision]
-    if model.digest:
-        args += ["--digest", model.digest]
-    mounts: list[dict[str, Any]] = [{"name": "weights", "mountPath": CACHE_MOUNT}]
-    volumes: list[dict[str, Any]] = [
-        {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(isvc)}}
-    ]
-    if model.scheme == "pvc":
-        claim, _ = pvc_claim_and_path(model.source)
-        mounts.append({"name": "source", "mountPath": f"{SOURCE_MOUNT}/{claim}", "readOnly": True})
-        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-    env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
-    if model.credentials_secret_ref is not None:  # the token reaches this Job only, as an env var
-        ref = model.credentials_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    container = {
-        "name": "prepull",
-        "image": image,
-        "command": ["python", "-m", "folio.operator.prepull"],
-        "args": args,
-        "env": env,
-        "volumeMounts": mounts,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
-    }
-    labels = _labels(isvc, rev)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(prepull_job_name(isvc, rev), namespace, labels, owner),
-        "spec": {
-            "backoffLimit": backoff_limit,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
-            },
-        },
-    }
-
-
-def _metadata(name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any] | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    return meta
-
-
 # --------------------------------------------------------------------- entry point
 
 
@@ -395,10 +287,13 @@ def _finish(args: argparse.Namespace, code: int, message: str) -> int:
 
 
 class ProgressBar:
-    """A rich progress bar per stage (download/copy/verify), or nothing when quiet."""
+    """A rich progress bar per stage (download/copy/verify), or nothing when quiet.
 
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
+    `folio up` shows one on its own console (``transient``: gone once done), named after the revision.
+    """
+
+    def __init__(self, quiet: bool, *, console: Any = None, transient: bool = False, label: str = "") -> None:
+        self.quiet, self.console, self.transient, self.label = quiet, console, transient, label
         self.bar: Any = None
         self.tasks: dict[str, Any] = {}
 
@@ -407,13 +302,14 @@ class ProgressBar:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            console=self.console, transient=self.transient)
         self.bar.start()
         return self._update
 
     def _update(self, stage: str, done: int, total: int) -> None:
         if stage not in self.tasks:
-            self.tasks[stage] = self.bar.add_task(stage, total=total)
+            self.tasks[stage] = self.bar.add_task(f"{stage} {self.label}".strip(), total=total)
         self.bar.update(self.tasks[stage], completed=done, total=total)
 
     def __exit__(self, *exc: object) -> None:

@@ -11,10 +11,11 @@ import hashlib
 import itertools
 import json
 import re
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.folio.dev"
@@ -333,6 +334,15 @@ class InferenceServiceStatus(Lenient):
     def revision(self, name: str | None) -> RevisionStatus | None:
         return next((r for r in self.revisions if r.name == name), None)
 
+    @property
+    def serving_canary(self) -> str | None:
+        """The canary revision while it takes traffic (a positive weight in ``traffic``), else None.
+
+        The rollout decides the weights; everything else (analysis, routing) reads them here.
+        """
+        canary = self.canary_revision
+        return canary if any(t.revision == canary and t.weight > 0 for t in self.traffic) else None
+
 
 class InferenceService(Model):
     """A whole object as `folio up` reads it from YAML (metadata kept loosely)."""
@@ -352,6 +362,19 @@ class InferenceService(Model):
 # ------------------------------------------------------------------- revision identity
 
 
+def new_revision(spec: InferenceServiceSpec, role: RevisionRole, created_at: str) -> RevisionStatus:
+    """The spec's revision as status remembers it: everything needed to keep running it after the
+    spec has moved on (the identity fields of `revision_name`, with the whole model source)."""
+    return RevisionStatus(
+        name=revision_name(spec),
+        role=role,
+        model=spec.model.model_copy(deep=True),
+        image=spec.engine.image,
+        args=dict(spec.engine.args),
+        created_at=created_at,
+    )
+
+
 def revision_name(spec: InferenceServiceSpec) -> str:
     """Short stable hash of what makes a revision: model source, revision, digest, engine image and args.
 
@@ -369,6 +392,32 @@ def revision_name(spec: InferenceServiceSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+# ------------------------------------------------------------------------- timestamps
+
+
 def now_iso(now: datetime) -> str:
     """RFC 3339 with a Z, as Kubernetes writes timestamps."""
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_utc(now: datetime) -> datetime:
+    """Aware UTC datetime; a naive one is taken to be UTC already."""
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
+
+
+def parse_time(text: str) -> datetime:
+    """Inverse of `now_iso`: an RFC 3339 ``…Z`` timestamp (fractional seconds allowed) as aware UTC."""
+    return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+# ------------------------------------------------------------------------ input errors
+
+
+def describe_errors(exc: ValidationError | Sequence[Mapping[str, Any]], prefix: str = "") -> str:
+    """A pydantic ValidationError (or some of its ``errors()``) as short ``field.path: message`` parts,
+    without the URL noise."""
+    parts = []
+    for err in exc.errors() if isinstance(exc, ValidationError) else exc:
+        loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *err["loc"])) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

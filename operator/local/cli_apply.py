@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from folio.operator.local.common import ManifestError, add_state_dir, fail, load_manifest
+from folio.operator.local.target import add_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from folio.operator.cli import fail
     from folio.operator.local.client import ControlError, LocalClient
+    from folio.operator.local.manifest import ManifestError, load_manifest
 
     try:
         manifest = load_manifest(args.file)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from folio.operator.local.common import add_target_arguments, fail, resolve_target
+from folio.operator.local.target import add_target_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,9 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from folio.operator.cli import fail
     from folio.operator.local.client import ControlError
-    from folio.operator.local.kube import ClusterError, get, list_all
     from folio.operator.local.render import status_table
+    from folio.operator.local.target import ClusterError, resolve_target
     from folio.operator.spec import InferenceServiceStatus
 
     console = Console()
@@ -33,8 +34,8 @@ def main(args: argparse.Namespace) -> int:
                 )
             items = [(snap["name"], snap["status"], snap["processes"])]
         else:
-            assert target.namespace is not None
-            objs = [get(args.name, target.namespace)] if args.name else list_all(target.namespace)
+            assert target.cluster is not None
+            objs = [target.cluster.get(args.name)] if args.name else target.cluster.list()
             items = [(o["metadata"]["name"], o.get("status") or {}, None) for o in objs]
     except (ControlError, ClusterError) as exc:
         return fail("status", str(exc))
@@ -44,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     if not items:
-        console.print(f"no InferenceServices in namespace {target.namespace}")
+        console.print(f"no InferenceServices in namespace {target.cluster.namespace if target.cluster else '-'}")
     for name, status, processes in items:
         console.print(status_table(name, InferenceServiceStatus.model_validate(status), processes))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from folio.operator.local.common import add_state_dir
+from folio.operator.local.target import add_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,13 +20,12 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from folio.operator.local.common import format_validation_error
-from folio.operator.spec import InferenceService
+from folio.operator.rollout.types import OVERRIDES
+from folio.operator.spec import InferenceService, describe_errors
 
 if TYPE_CHECKING:
     from folio.operator.local.runtime import LocalRuntime
 
-OVERRIDES = ("promote", "abort", "retry")
 
 
 def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
@@ -51,7 +50,7 @@ def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
             manifest = InferenceService.model_validate(body["manifest"])
             return runtime.apply(manifest)
         except ValidationError as exc:
-            raise HTTPException(400, format_validation_error(exc)) from None
+            raise HTTPException(400, describe_errors(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise HTTPException(400, f"invalid manifest: {exc}") from None
 

@@ -2,10 +2,12 @@
 
 Every tick (half a second) it observes what runs (weights, ready replicas, crash loops, the
 router's metrics every analysis interval), asks the same pure state machine the operator uses
-(`folio.operator.rollout.advance`) for the next status, then makes the processes match it: an
-engine group per Stable/Canary/Retiring revision (``spec.replicas`` each), none for Failed ones,
-and a router config that follows ``status.traffic``. Status is saved after every change, so a
-restarted `folio up` resumes the same revisions at the same step.
+(`folio.operator.rollout.advance`) for the next status and the same serving plan
+(`folio.operator.serving.plan`) for what should run, then makes the processes match it: an engine
+group of the plan's replicas per running revision, each with the plan's command line, a pre-pull
+for each revision whose weights are not verified yet, and the plan's router config written to the
+file its router follows. Status is saved after every change, so a restarted `folio up` resumes
+the same revisions at the same step.
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 from rich.console import Console
 
-from folio.operator.engine_args import PlanningError, engine_flags
-from folio.operator.local.analysis_source import RouterAnalysis
+from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.local.render import status_table
 from folio.operator.local.state import SavedState, StateDir, write_json_atomic
 from folio.operator.local.supervisor import Supervisor
-from folio.operator.prepull import WeightsError, model_dir_name, prepull
+from folio.operator.prepull import ProgressBar, WeightsError, prepull
 from folio.operator.rollout import Event, Observed, RevisionFacts, advance
+from folio.operator.router.config import ConfigError
+from folio.operator.serving.engine import engine_flags
+from folio.operator.serving.errors import PlanningError
+from folio.operator.serving.plan import Placement, RevisionPlan, ServingPlan, plan
 from folio.operator.spec import (
     InferenceService,
     InferenceServiceSpec,
@@ -36,7 +42,6 @@ from folio.operator.spec import (
 )
 
 ROUTER = "router"
-RUNNING_ROLES = ("Stable", "Canary", "Retiring")
 TICK_S = 0.5
 SETTLED_PHASES = ("Ready", "Promoted", "RolledBack", "Failed")
 
@@ -69,11 +74,13 @@ class LocalRuntime:
         self.port = port
         self.console = console or Console(stderr=True)
         self.supervisor = supervisor or Supervisor(state_dir.logs_dir, on_event=self._process_event)
-        self.analysis = RouterAnalysis(self.router_url, self.name)
-        self.weights: dict[str, Weights] = {}  # by digest: revisions with the same weights share a pull
+        self.analysis = IntervalSampler(self.name)
+        self._http = httpx.AsyncClient(trust_env=False)
+        self.weights: dict[str, Weights] = {}  # by revision (the same weights are hard-linked, not pulled again)
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._router_doc: dict[str, Any] | None = None
+        self._router_problem = ""
         self._greeted = False
 
     # ------------------------------------------------------------ properties
@@ -166,12 +173,13 @@ class LocalRuntime:
         """One observe → decide → act round."""
         await self.supervisor.tick()
         status = self.saved.status
-        canary = status.canary_revision if status.canary and status.canary.weight > 0 else None
-        sample = await self.analysis.sample(
-            stable=status.stable_revision, canary=canary, spec=self.spec.rollout.analysis
-        )
+        now = datetime.now(timezone.utc)
+        sample = None
+        if self.analysis.due(self.spec.rollout.analysis, now):
+            sample = await self.analysis.take(self._http, [f"{self.router_url}/metrics"], status=status,
+                                              spec=self.spec.rollout.analysis, now=now)
         observed = Observed(
-            now=datetime.now(timezone.utc),
+            now=now,
             revisions={rev.name: self._facts(rev) for rev in status.revisions},
             analysis=sample,
             overrides=frozenset(self.saved.overrides),
@@ -193,9 +201,10 @@ class LocalRuntime:
                     f"serving [bold]{served}[/] at {self.router_url}/v1 (OpenAI API); "
                     "`folio status`, `folio apply FILE`; Ctrl-C stops everything"
                 )
+        serving = self._plan()
         # the router learns first, so it stops sending to a revision before its processes go
-        self._write_router_config()
-        self._reconcile()
+        self._write_router_config(serving)
+        self._reconcile(serving)
 
     async def shutdown(self) -> None:
         """Drain: the router first (it finishes in-flight requests), then every engine."""
@@ -203,7 +212,7 @@ class LocalRuntime:
         for task in self._pulls.values():
             task.cancel()
         await self.supervisor.stop_all(order=[ROUTER])
-        await self.analysis.aclose()
+        await self._http.aclose()
         self._say("all processes stopped")
 
     # ---------------------------------------------------------- observation
@@ -219,58 +228,46 @@ class LocalRuntime:
 
     # --------------------------------------------------------------- acting
 
-    def _reconcile(self) -> None:
-        wanted = {r.name: r for r in self.saved.status.revisions if r.role in RUNNING_ROLES}
+    def _plan(self) -> ServingPlan:
+        endpoints = {g: self.supervisor.endpoints(g) for g in self.supervisor.groups if g != ROUTER}
+        return plan(self.name, self.spec, self.saved.status, Placement.this_machine(self.dir.cache_dir), endpoints)
+
+    def _reconcile(self, serving: ServingPlan) -> None:
         for group in list(self.supervisor.groups):
-            if group != ROUTER and group not in wanted:
+            if group != ROUTER and serving.revision(group) is None:
                 self._say(f"stopping revision {group}")
                 self.supervisor.remove(group)
-        for rev in wanted.values():
-            if not self._weights_ready(rev):
+        for rev in serving.revisions:
+            if rev.pull_weights:
+                self._pull_weights(rev)
+            if rev.replicas == 0:
                 continue
             if not self.supervisor.has(rev.name):
-                self._say(f"starting {self.spec.replicas} replica(s) of revision {rev.name}")
+                self._say(f"starting {rev.replicas} replica(s) of revision {rev.name}")
             self.supervisor.ensure(
-                rev.name, self.spec.replicas, lambda port, rev=rev: self._serve_argv(rev, port)
+                rev.name, rev.replicas, lambda port, rev=rev: folio_argv("serve", *rev.serve_args(port))
             )
-            self.supervisor.scale_down(rev.name, self.spec.replicas)
+            self.supervisor.scale_down(rev.name, rev.replicas)
 
-    def _weights_ready(self, rev: RevisionStatus) -> bool:
-        w = self.weights.get(rev.name)
-        if w is None:  # a verified copy from an earlier run makes this a quick no-op
+    def _pull_weights(self, rev: RevisionPlan) -> None:
+        """Start the revision's pre-pull once (a verified copy from an earlier run makes it a quick no-op)."""
+        if rev.name not in self.weights:
             w = self.weights[rev.name] = Weights("pending", "pre-pulling")
             self._pulls[rev.name] = asyncio.create_task(self._pull(rev, w))
-        return w.state == "ready"
 
-    def _weights_path(self, rev: RevisionStatus) -> Path:
-        """As in a cluster's cache volume: one folder per revision (same weights are hard-linked)."""
-        return self.dir.cache_dir / rev.name / model_dir_name(rev.model)
-
-    async def _pull(self, rev: RevisionStatus, w: Weights) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-        bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=self.console,
-            transient=True,
-            disable=not self.console.is_terminal,  # a log file gets the before/after lines only
-        )
-        tasks: dict[str, Any] = {}
-
-        def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(f"{phase} {rev.name}", total=total)
-            bar.update(tasks[phase], completed=done)
-            w.message = f"{phase} {done / max(total, 1):.0%} of {total / 2**20:.0f} MiB"  # shown in status
+    async def _pull(self, rev: RevisionPlan, w: Weights) -> None:
+        bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=rev.name)
 
         self._say(f"pre-pulling the weights of revision {rev.name} from {rev.model.source}")
         try:
-            dest = self._weights_path(rev)
-            with bar:
-                pulled = await asyncio.to_thread(prepull, rev.model, dest, progress=progress)
+            with bar as show:
+
+                def progress(phase: str, done: int, total: int) -> None:
+                    if show is not None:  # a log file gets the before/after lines only
+                        show(phase, done, total)
+                    w.message = f"{phase} {done / max(total, 1):.0%} of {total / 2**20:.0f} MiB"  # shown in status
+
+                pulled = await asyncio.to_thread(prepull, rev.model, Path(rev.weights), progress=progress)
         except (WeightsError, OSError, ValueError) as exc:
             w.state, w.message = "failed", str(exc)
             self._say(f"[red]weights of revision {rev.name} failed[/]: {exc}")
@@ -280,32 +277,16 @@ class LocalRuntime:
             self._say(f"weights of revision {rev.name} verified ({pulled.digest}), {how}: {pulled.path}")
         self._wake.set()
 
-    def _serve_argv(self, rev: RevisionStatus, port: int) -> list[str]:
-        pin = ["--digest", rev.model.digest] if rev.model.digest else []
-        if rev.model.revision:
-            pin += ["--revision", rev.model.revision]
-        return folio_argv(
-            "serve",
-            "--model", str(self._weights_path(rev)),
-            *pin,
-            "--served-model-name", rev.model.served_name or self.name,
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            *engine_flags(rev.args),
-        )  # fmt: skip
-
-    def _write_router_config(self) -> None:
-        status = self.saved.status
-        doc: dict[str, Any] = {
-            "traffic": [t.to_wire() for t in status.traffic],
-            "endpoints": {g: self.supervisor.endpoints(g) for g in self.supervisor.groups if g != ROUTER},
-        }
-        if status.stable_revision:
-            doc["stable"] = status.stable_revision
-        if self.spec.overflow is not None:
-            doc["overflow"] = {"url": self.spec.overflow.url}
-        if self.spec.shadow is not None:
-            doc["shadow"] = {"percent": self.spec.shadow.percent}
+    def _write_router_config(self, serving: ServingPlan | None = None) -> None:
+        serving = serving or self._plan()
+        try:
+            doc = serving.router.to_wire()
+        except ConfigError as exc:  # the router keeps its last good config; say so once
+            if str(exc) != self._router_problem:
+                self._router_problem = str(exc)
+                self._say(f"[red]router config[/]: {exc} (the router keeps its last good config)")
+            return
+        self._router_problem = ""
         if doc != self._router_doc:
             write_json_atomic(self.dir.router_config, doc)
             self._router_doc = doc

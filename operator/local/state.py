@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from folio.operator.local.common import DEFAULT_STATE_DIR
+from folio.operator.local.target import DEFAULT_STATE_DIR
 from folio.operator.spec import InferenceService, InferenceServiceStatus
 
 

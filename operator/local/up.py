@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from folio.operator.local.common import ManifestError, load_manifest
 from folio.operator.local.control import make_server
+from folio.operator.local.manifest import ManifestError, load_manifest
 from folio.operator.local.runtime import LocalRuntime, check_manifest
 from folio.operator.local.state import SavedState, StateDir, StateError
 from folio.operator.spec import revision_name

@@ -1,14 +1,15 @@
 """The traffic router in front of an InferenceService's revisions (`folio router`).
 
-config   the RouterConfig every source produces (the JSON contract `folio up` writes)
+config   the RouterConfig every source delivers (the JSON contract `folio up` writes)
 sources  where configs come from: a JSON file (re-read on change), an in-process object; kube: the cluster
+metric_names  the metrics' names and labels, shared with the canary analysis; metrics: the registry
 state    what a config becomes: weighted split, replica pools, API keys
 split    smooth weighted round-robin between revisions
 balancer replicas per revision, fewest in-flight first; health: active checks that eject and restore
 proxy    one request: pick, attempt, retry on stable, overflow, shadow, relay as it arrives
 app      the aiohttp app (/v1/*, /health, /ready, /metrics); server: run it (CLI or embedded)
 
-Embedding (tests, the local runtime):
+Embedding (tests, benchmarks; `folio up` runs `folio router --config FILE` as a process):
 
     app = RouterApp("chat", InProcessSource(RouterConfig.parse({...})))
     async with running_router(app, port=8080) as url:

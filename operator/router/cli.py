@@ -66,14 +66,16 @@ def main(args: argparse.Namespace) -> int:
 
     source: ConfigSource
     if args.kubernetes:
-        from folio.operator.router.kube import KubeApi, KubernetesSource, in_cluster_namespace
+        from folio.operator.k8s.client import AsyncKube
+        from folio.operator.k8s.names import namespace_in_pod
+        from folio.operator.router.kube import KubernetesSource
 
-        namespace = args.namespace or in_cluster_namespace()
+        namespace = args.namespace or namespace_in_pod()
         if not namespace:
             print("folio router: --namespace is required outside a pod", file=sys.stderr)
             return 2
         try:
-            api = KubeApi.from_environment()
+            api = AsyncKube.from_environment()
         except Exception as exc:  # kubernetes.config raises several kinds; all mean "no credentials"
             print(
                 f"folio router: no Kubernetes credentials (in-cluster or kubeconfig): {exc}", file=sys.stderr

@@ -1,6 +1,7 @@
 """The router's view of the world: which revisions get traffic and where their replicas are.
 
-Every source (a JSON file, an in-process object, the Kubernetes API) produces a `RouterConfig`;
+What a router should do is decided by `folio.operator.serving.router` from an InferenceService's
+status; every source (a JSON file, an in-process object, the Kubernetes API) delivers a `RouterConfig`;
 the router swaps it in whole, so a request always sees one consistent snapshot. The wire form is
 the JSON documented in the design (camelCase keys); unknown keys are ignored so that a newer
 writer never takes an older router down.
@@ -13,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from folio.operator.spec import describe_errors
 
 # Not a revision: the label under which overflow attempts are counted in the metrics.
 OVERFLOW = "overflow"
@@ -102,9 +105,9 @@ class RouterConfig(_Wire):
     def shadow_fraction(self) -> float:
         return self.shadow.percent / 100.0 if self.shadow else 0.0
 
-    def to_json(self) -> str:
-        """The wire form (what `FileSource` reads), for writers such as the local runtime."""
-        return self.model_dump_json(by_alias=True, exclude_none=True, exclude={"problems"})
+    def to_wire(self) -> dict[str, Any]:
+        """The wire form as a JSON-ready dict: what `folio up` writes to the file its router follows."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"problems"})
 
     @classmethod
     def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:
@@ -122,14 +125,12 @@ class RouterConfig(_Wire):
             errors = exc.errors()
         bad = {str(err["loc"][0]) for err in errors if err["loc"]}
         if not errors or not bad <= set(OPTIONAL_PARTS) or any(not err["loc"] for err in errors):
-            raise ConfigError(f"invalid router config: {_describe(errors)}")
+            raise ConfigError(f"invalid router config: {describe_errors(errors)}")
         try:
             config = cls.model_validate({k: v for k, v in raw.items() if k not in bad})
         except ValidationError as exc:
-            raise ConfigError(f"invalid router config: {_describe(exc.errors())}") from exc
-        dropped = tuple(f"{part} ignored: {_describe([e for e in errors if e['loc'][0] == part])}" for part in sorted(bad))
+            raise ConfigError(f"invalid router config: {describe_errors(exc)}") from exc
+        dropped = tuple(
+            f"{part} ignored: {describe_errors([e for e in errors if e['loc'][0] == part])}" for part in sorted(bad)
+        )
         return config.model_copy(update={"problems": dropped})
-
-
-def _describe(errors: list[Any]) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in errors)

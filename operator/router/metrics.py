@@ -1,4 +1,4 @@
-"""Router metrics, named and labelled exactly as the rollout analysis reads them.
+"""Router metrics, named and labelled (`metric_names`) exactly as the rollout analysis reads them.
 
 Each router owns its registry, so several routers (tests, one process per InferenceService)
 never share counters. Label children are cached: `labels()` is the costly part of an update.
@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from folio.operator.router import metric_names as m
+
 # Fine enough to read a p99 anywhere from 5 ms (the added-latency budget) to 60 s (long generations).
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
@@ -23,55 +25,39 @@ LATENCY_BUCKETS = (
 class RouterMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, isvc: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, isvc: str, registry: CollectorRegistry | None = None,
+                 buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self.isvc = isvc
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        per_revision = [m.ISVC, m.REVISION]
         self.requests = Counter(
-            "folio_router_requests_total",
+            m.REQUESTS,
             "Upstream attempts by revision and outcome (HTTP status, or 'error' before the first byte).",
-            ["isvc", "revision", "code"],
+            [*per_revision, m.CODE],
             registry=r,
         )
         self.retries = Counter(
-            "folio_router_retries_total",
-            "Requests sent again after a failed attempt.",
-            ["isvc", "from_revision", "to_revision"],
+            m.RETRIES, "Requests sent again after a failed attempt.", [m.ISVC, "from_revision", "to_revision"],
             registry=r,
         )
         self.duration = Histogram(
-            "folio_router_request_duration_seconds",
-            "Upstream attempt duration, request sent to last byte relayed.",
-            ["isvc", "revision"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            m.DURATION, "Upstream attempt duration, request sent to last byte relayed.", per_revision,
+            buckets=buckets, registry=r,
         )
         self.ttft = Histogram(
-            "folio_router_time_to_first_token_seconds",
-            "Request sent to the first body byte of the upstream's answer.",
-            ["isvc", "revision"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            m.TTFT, "Request sent to the first body byte of the upstream's answer.", per_revision,
+            buckets=buckets, registry=r,
         )
-        self.weight = Gauge(
-            "folio_router_traffic_weight", "Traffic weight in use.", ["isvc", "revision"], registry=r
-        )
+        self.weight = Gauge(m.WEIGHT, "Traffic weight in use.", per_revision, registry=r)
         self.shadow = Counter(
-            "folio_router_shadow_requests_total",
-            "Mirrored requests by revision and outcome; their replies are discarded.",
-            ["isvc", "revision", "code"],
-            registry=r,
+            m.SHADOW_REQUESTS, "Mirrored requests by revision and outcome; their replies are discarded.",
+            [*per_revision, m.CODE], registry=r,
         )
         self.shadow_duration = Histogram(
-            "folio_router_shadow_request_duration_seconds",
-            "Duration of mirrored requests.",
-            ["isvc", "revision"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            m.SHADOW_DURATION, "Duration of mirrored requests.", per_revision, buckets=buckets, registry=r
         )
-        self.in_flight = Gauge(
-            "folio_router_in_flight", "Upstream attempts in progress.", ["isvc", "revision"], registry=r
-        )
+        self.in_flight = Gauge(m.IN_FLIGHT, "Upstream attempts in progress.", per_revision, registry=r)
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 

@@ -1,5 +1,8 @@
 """Where the router's config comes from. A source runs for the router's lifetime and calls
 `apply(config)` whenever the config changes; the Kubernetes source lives in `kube.py`.
+
+`folio up` runs its router as a process of its own that follows a file (`FileSource`), which it
+rewrites whenever the config its serving plan gives changes.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class FileSource:
 
 
 class InProcessSource:
-    """A config handed over by code on the router's event loop (the local runtime, tests).
+    """A config handed over by code on the router's event loop (tests, benchmarks, any embedder).
 
     `set()` applies at once once the router runs, so the very next request follows it.
     """

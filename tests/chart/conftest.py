@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from folio.engine.server.metrics import ServerMetrics
-from folio.operator import metrics as operator_metrics
+from folio.operator.controller import metrics as operator_metrics
 from folio.operator.router.metrics import RouterMetrics
 from tests.chart import helm as h
 

@@ -57,16 +57,14 @@ def test_dashboard_configmap(rendered: dict[str, list[h.Obj]]) -> None:
 
 def test_service_monitors_select_what_the_operator_creates(rendered: dict[str, list[h.Obj]]) -> None:
     """Selectors and port names must match the planner's router and engine Services."""
-    from folio.operator.planner import Owner, PlanSettings, engine_service, router_objects
-    from folio.operator.spec import InferenceServiceSpec, ModelSource, RevisionStatus
+    from folio.operator.serving.objects import Owner, PlanSettings, engine_service, router_objects
+    from folio.operator.spec import InferenceServiceSpec
 
     spec = InferenceServiceSpec.model_validate({"model": {"source": "hf://org/m", "revision": "a" * 40}})
     owner = Owner("chat", "models", "uid")
-    rev = RevisionStatus(name="r1", role="Stable", model=ModelSource(source="hf://org/m", revision="a" * 40),
-                         image="folio")
     services = {
         "routers": next(o for o in router_objects(owner, spec, PlanSettings()) if o["kind"] == "Service"),
-        "engines": engine_service(owner, rev),
+        "engines": engine_service(owner, "r1"),
     }
     monitors = {m["metadata"]["name"].rsplit("-", 1)[1]: m for m in h.find(rendered["observability"], "ServiceMonitor")}
     assert set(monitors) == {"operator", "routers", "engines"}

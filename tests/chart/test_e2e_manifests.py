@@ -7,8 +7,8 @@ import kubernetes_validate
 import yaml
 
 from e2e import conftest as e2e
-from folio.operator.engine_args import engine_flags
-from folio.operator.planner import weights_pvc_name
+from folio.operator.k8s.names import cache_pvc_name
+from folio.operator.serving.engine import engine_flags
 from folio.operator.spec import InferenceServiceSpec, revision_name
 from tests.chart import helm as h
 
@@ -36,9 +36,9 @@ def test_storage_binds_the_claims_the_tests_and_the_operator_make() -> None:
     for obj in objects:
         kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
     claims = {o["spec"]["claimRef"]["name"]: o for o in objects if o["kind"] == "PersistentVolume"}
-    assert set(claims) == {"models", weights_pvc_name(e2e.ISVC)}
+    assert set(claims) == {"models", cache_pvc_name(e2e.ISVC)}
     # the operator's cache claim asks for ReadWriteMany and the service's cache size
-    cache = claims[weights_pvc_name(e2e.ISVC)]["spec"]
+    cache = claims[cache_pvc_name(e2e.ISVC)]["spec"]
     assert "ReadWriteMany" in cache["accessModes"]
     assert cache["capacity"]["storage"] == e2e.inference_service(MODEL)["spec"]["cache"]["size"]
     assert all(o["spec"]["storageClassName"] == e2e.STORAGE_CLASS for o in claims.values())

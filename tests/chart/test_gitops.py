@@ -13,8 +13,8 @@ import yaml
 from lupa import lua51  # Argo CD's gopher-lua implements Lua 5.1
 
 from folio.operator.rollout import Observed, RevisionFacts, advance
+from folio.operator.rollout.conditions import set_condition
 from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus, revision_name
-from folio.operator.status import set_condition
 from tests.chart import helm as h
 
 DOC = (h.REPO / "docs" / "gitops.md").read_text()

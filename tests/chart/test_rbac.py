@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from folio.operator.executor import MANAGED_KINDS
-from folio.operator.planner import Owner, PlanSettings, router_objects
+from folio.operator.k8s.names import MANAGED_KINDS
+from folio.operator.serving.objects import Owner, PlanSettings, router_objects
 from folio.operator.spec import InferenceServiceSpec
 from tests.chart import helm as h
 
@@ -17,17 +17,17 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("serving.folio.dev", "inferenceservices"): frozenset({"get", "list", "watch", "patch"}),
     ("serving.folio.dev", "inferenceservices/status"): frozenset({"patch"}),
     ("serving.folio.dev", "inferenceservices/finalizers"): frozenset({"update"}),  # blockOwnerDeletion
-    # the planner's objects: server-side apply, create where apply cannot, prune by label
-    ("apps", "deployments"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("", "services"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("", "serviceaccounts"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("", "persistentvolumeclaims"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("batch", "jobs"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("policy", "poddisruptionbudgets"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("rbac.authorization.k8s.io", "roles"): frozenset({"get", "list", "create", "patch", "delete"}),
-    ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"get", "list", "create", "patch", "delete"}),
-    # observation: crash loops and pre-pull failures
-    ("", "pods"): frozenset({"get", "list"}),
+    # the planner's objects: server-side apply, create where apply cannot, prune; indexed (list+watch)
+    ("apps", "deployments"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("", "services"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("", "serviceaccounts"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("", "persistentvolumeclaims"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("policy", "poddisruptionbudgets"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("rbac.authorization.k8s.io", "roles"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
+    ("", "pods"): frozenset({"get", "list", "watch"}),
     # held only so that the operator may grant them to each router's Role
     ("discovery.k8s.io", "endpointslices"): frozenset({"get", "list", "watch"}),
     ("", "secrets"): frozenset({"get"}),
@@ -111,7 +111,16 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:
-        assert {"get", "list", "create", "patch", "delete"} <= ALLOWED[plurals[kind]]
+        assert {"get", "list", "watch", "create", "patch", "delete"} <= ALLOWED[plurals[kind]]
+
+
+def test_every_kind_the_operator_indexes_may_be_watched() -> None:
+    from folio.operator.controller.children import INDEXED_KINDS
+    from folio.operator.k8s.names import PLURALS
+
+    for api_version, kind in INDEXED_KINDS:
+        group = api_version.rpartition("/")[0]
+        assert {"list", "watch"} <= ALLOWED[(group, PLURALS[(api_version, kind)])], kind
 
 
 def test_operator_can_grant_the_router_role(rendered: dict[str, list[h.Obj]]) -> None:

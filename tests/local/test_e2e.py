@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from folio.engine.digest import compute_digest
-from folio.operator.local.harness import LoadGenerator, UpProcess, wait_gone, write_manifest
 from folio.operator.local.supervisor import free_port
 from folio.operator.spec import InferenceService, revision_name
+from folio.operator.testing.load import LoadGenerator
+from folio.operator.testing.up import UpProcess, wait_gone, write_manifest
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow

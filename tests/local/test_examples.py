@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from folio.operator.local.common import load_manifest
+from folio.operator.local.manifest import load_manifest
 from folio.operator.local.runtime import check_manifest
 from folio.operator.spec import revision_name
 

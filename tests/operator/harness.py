@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,17 +21,25 @@ import jsonpatch
 import kmock
 import kopf
 
-from folio.operator.executor import MANAGED_KINDS
-from folio.operator.handlers import Context, configure, register
-from folio.operator.kube import PLURALS, Kube
-from folio.operator.planner import PlanSettings, base_labels
-from folio.operator.spec import GROUP, KIND, PLURAL, VERSION
+from folio.operator.controller.handlers import configure, register
+from folio.operator.controller.reconcile import Context
+from folio.operator.k8s.client import Kube
+from folio.operator.k8s.names import MANAGED_KINDS, PLURALS, base_labels
+from folio.operator.serving.objects import PlanSettings
+from folio.operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, revision_name
+from tests.support.wait import until
 
 NAMESPACE = "ml"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 DIGEST = "sha256:" + "ef" * 32
 RESYNC_S = 0.3
 _versions = itertools.count(100)
+_last_version = [99]
+
+
+def _next_version() -> str:
+    _last_version[0] = next(_versions)
+    return str(_last_version[0])
 
 T = TypeVar("T")
 
@@ -42,8 +49,24 @@ class ApiServer(kmock.KubernetesEmulator):
 
     Every write gets a fresh `resourceVersion` (kopf tells stale watch events from fresh ones by
     it), creation fills `uid`, `generation` and `generateName`, and a change of `spec` bumps
-    `generation`, so `observedGeneration` can be checked as on a real cluster.
+    `generation`, so `observedGeneration` can be checked as on a real cluster. A list answers with
+    the current version and a watch from it leaves out what that list already held, as a real
+    server does (the emulator would replay every object: kopf would act twice on one version).
     """
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        payload = await super()._serve_list(request)
+        payload["metadata"]["resourceVersion"] = str(_last_version[0])
+        return payload
+
+    async def _serve_watch(self, request: kmock.Request) -> Any:
+        since = request.params.get("resourceVersion", "")
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and event.get("type") == "ADDED" and since.isdigit():
+                version = str(event.get("object", {}).get("metadata", {}).get("resourceVersion", ""))
+                if version.isdigit() and int(version) <= int(since):
+                    continue  # the list this watch follows had it already
+            yield event
 
     async def _handle(self, request: kmock.Request) -> Any:
         if request.resource is not None and request.data is not None:
@@ -53,17 +76,17 @@ class ApiServer(kmock.KubernetesEmulator):
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
-                meta["resourceVersion"] = str(next(_versions))
+                meta["resourceVersion"] = _next_version()
             elif request.action == kmock.action.UPDATE and isinstance(request.data, dict):
                 meta = request.data.setdefault("metadata", {})
-                meta["resourceVersion"] = str(next(_versions))
+                meta["resourceVersion"] = _next_version()
                 if "spec" in request.data and request.subresource is None:
                     key = (request.resource, request.namespace, request.name)
                     if key in self.objects and not self.objects[key].deleted:
                         current = self.objects[key].raw.get("metadata", {})
                         meta["generation"] = int(current.get("generation", 1)) + 1
             elif request.action == kmock.action.UPDATE and isinstance(request.data, list):
-                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": str(next(_versions))})
+                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": _next_version()})
         try:
             return await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as exc:  # kopf's optimistic lock: a conflict, not a crash
@@ -135,36 +158,24 @@ class Cluster:
         await self.call(self.kube.merge_patch, api_version, kind, NAMESPACE, name, {"status": status}, "status")
 
     async def events(self, reason: str | None = None) -> list[dict[str, Any]]:
-        found = await self.call(self.kube._call, "GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+        found = await self.call(self.kube.call, "GET", f"/api/v1/namespaces/{NAMESPACE}/events")
         items = found.get("items", [])
         return [e for e in items if reason is None or e.get("reason") == reason]
 
 
 async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 10.0, what: str = "") -> T:
-    """Poll until `check` returns something truthy without raising; fail with its last error."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            value = await check()
-            if value:
-                return value
-            last = AssertionError(f"{what or check.__name__} is still {value!r}")
-        except AssertionError as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check.__name__}: {last}")
-        await asyncio.sleep(0.1)
+    """Poll until `check` returns something truthy without failing an assertion; fail with its last one."""
+    return await until(check, timeout, what or check.__name__, interval=0.1, ignore=(AssertionError,))
 
 
 @contextlib.asynccontextmanager
-async def running_operator(server: kmock.KubernetesEmulator) -> AsyncIterator[None]:
+async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = RESYNC_S) -> AsyncIterator[None]:
     """The real registry, settings and handlers, logged in to the emulator; stopped on exit.
 
     kopf runs in its own thread and event loop, as in production: on exit it cancels every task
     of its loop, which must not include the emulator's.
     """
-    registry = register(kopf.OperatorRegistry(), resync_s=RESYNC_S)
+    registry = register(kopf.OperatorRegistry())
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -176,7 +187,7 @@ async def running_operator(server: kmock.KubernetesEmulator) -> AsyncIterator[No
     # the namespace names as given (it still needs the namespaces resource to be discoverable).
     settings.scanning.disabled = True
     ctx = Context(kube=Kube.for_url(str(server.url)), plan_settings=PlanSettings(image="folio:test"),
-                  resync_s=RESYNC_S)
+                  resync_s=resync_s)
     stop = threading.Event()
     failure: list[BaseException] = []
 
@@ -198,3 +209,42 @@ async def running_operator(server: kmock.KubernetesEmulator) -> AsyncIterator[No
         await asyncio.to_thread(thread.join, 15)
         assert not thread.is_alive(), "the operator did not stop"
         assert not failure, f"the operator crashed: {failure[0]!r}"
+
+
+# --------------------------------------------------------------------- scenarios
+
+
+def rev_of(manifest: dict[str, Any]) -> str:
+    return revision_name(InferenceServiceSpec.model_validate(manifest["spec"]))
+
+
+def condition(isvc: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in isvc.get("status", {}).get("conditions", []) if c["type"] == type_)
+
+
+async def bring_up(cluster: Cluster, manifest: dict[str, Any]) -> str:
+    """Create, then play the pre-pull Job and kubelet until the service is Ready."""
+    await cluster.create_isvc(manifest)
+    return await serve_first_revision(cluster, manifest)
+
+
+async def serve_first_revision(cluster: Cluster, manifest: dict[str, Any]) -> str:
+    """Play the pre-pull Job and kubelet of a created InferenceService until it is Ready."""
+    rev = rev_of(manifest)
+    job = await eventually(lambda: cluster.get("batch/v1", "Job", f"chat-prepull-{rev}"), what="pre-pull Job")
+    assert job["metadata"]["labels"]["serving.folio.dev/revision"] == rev
+    await cluster.set_status("batch/v1", "Job", f"chat-prepull-{rev}",
+                             {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+
+    async def scaled_up() -> bool:
+        dep = await cluster.get("apps/v1", "Deployment", f"chat-{rev}")
+        return dep is not None and dep["spec"]["replicas"] == manifest["spec"]["replicas"]
+
+    await eventually(scaled_up, what="engine Deployment scaled up after the weights were verified")
+    await cluster.set_status("apps/v1", "Deployment", f"chat-{rev}", {"readyReplicas": 1, "replicas": 1})
+
+    async def ready() -> bool:
+        return condition(await cluster.isvc(), "Ready")["status"] == "True"
+
+    await eventually(ready, what="Ready=True")
+    return rev

@@ -4,60 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import kmock
 import pytest
 from prometheus_client import REGISTRY
 
-from folio.operator import metrics
-from folio.operator.spec import InferenceServiceSpec, revision_name
+from folio.operator.controller import metrics
 from tests.operator.harness import (
     NAMESPACE,
     ApiServer,
     Cluster,
-    declare_resources,
+    bring_up,
+    condition,
     eventually,
     isvc_manifest,
+    rev_of,
     running_operator,
 )
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.kmock(cls=ApiServer)]
-
-
-@pytest.fixture()
-def cluster(kmock: kmock.KubernetesEmulator) -> Cluster:
-    declare_resources(kmock)
-    return Cluster(kmock)
-
-
-def rev_of(manifest: dict[str, Any]) -> str:
-    return revision_name(InferenceServiceSpec.model_validate(manifest["spec"]))
-
-
-def condition(isvc: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in isvc.get("status", {}).get("conditions", []) if c["type"] == type_)
-
-
-async def bring_up(cluster: Cluster, manifest: dict[str, Any]) -> str:
-    """Create, then play the pre-pull Job and kubelet until the service is Ready."""
-    rev = rev_of(manifest)
-    await cluster.create_isvc(manifest)
-    job = await eventually(lambda: cluster.get("batch/v1", "Job", f"chat-prepull-{rev}"), what="pre-pull Job")
-    assert job["metadata"]["labels"]["serving.folio.dev/revision"] == rev
-    await cluster.set_status("batch/v1", "Job", f"chat-prepull-{rev}",
-                             {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
-
-    async def scaled_up() -> bool:
-        dep = await cluster.get("apps/v1", "Deployment", f"chat-{rev}")
-        return dep is not None and dep["spec"]["replicas"] == manifest["spec"]["replicas"]
-
-    await eventually(scaled_up, what="engine Deployment scaled up after the weights were verified")
-    await cluster.set_status("apps/v1", "Deployment", f"chat-{rev}", {"readyReplicas": 1, "replicas": 1})
-
-    async def ready() -> bool:
-        return condition(await cluster.isvc(), "Ready")["status"] == "True"
-
-    await eventually(ready, what="Ready=True")
-    return rev
 
 
 async def test_create_makes_every_child_and_reports_ready(cluster: Cluster) -> None:
@@ -295,10 +258,11 @@ async def test_retry_after_failed_weights_pulls_them_again(cluster: Cluster) -> 
 
         await eventually(pulled_again, what="a fresh pre-pull Job in place of the failed one")
 
-        async def retry_cleared() -> bool:  # removed in the pass that acted on it, written after the Job
-            return "folio.dev/retry" not in ((await cluster.isvc())["metadata"].get("annotations") or {})
+        async def retry_cleared() -> bool:  # the pass that made the Job clears the annotation after it
+            isvc = await cluster.isvc()
+            return "folio.dev/retry" not in (isvc["metadata"].get("annotations") or {})
 
-        await eventually(retry_cleared, what="the retry annotation removed once acted on")
+        await eventually(retry_cleared, what="the retry annotation cleared once acted on")
         await cluster.set_status("batch/v1", "Job", job_name,
                                  {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
 

@@ -6,14 +6,8 @@ from datetime import timedelta
 
 from folio.operator.rollout import RevisionFacts
 from folio.operator.spec import InferenceServiceStatus
+from tests.rollout.conftest import Rollout, start_canary
 from tests.rollout.helpers import READY, Sim, deployed, make_spec, sample
-
-
-def start_canary(sim: Sim, tag: str = "b") -> tuple[str, str]:
-    stable = sim.rev
-    sim.apply(make_spec(tag))
-    sim.tick(1)
-    return stable, sim.rev
 
 
 def test_full_canary_walks_every_step_and_promotes() -> None:
@@ -56,11 +50,8 @@ def test_full_canary_walks_every_step_and_promotes() -> None:
     assert sim.reasons()[-3:] == ["CanaryStep", "Promoted", "Retired"]
 
 
-def test_error_breach_rolls_back_within_failure_limit_intervals() -> None:
-    sim = deployed()
-    stable, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_error_breach_rolls_back_within_failure_limit_intervals(at_step_one: Rollout) -> None:
+    sim, stable, canary = at_step_one.sim, at_step_one.stable, at_step_one.canary
     began = sim.now
     figures = {"requests": 200, "errors": 40, "reasons": ["error rate 20.00% exceeds 1.00%"]}
     sim.tick(30, analysis=sample("Fail", sim.now + timedelta(seconds=30), **figures))
@@ -99,11 +90,8 @@ def test_error_breach_rolls_back_within_failure_limit_intervals() -> None:
     assert sim.condition("Degraded") == ("False", "AsExpected")
 
 
-def test_a_pass_resets_the_failure_count() -> None:
-    sim = deployed()
-    _, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_a_pass_resets_the_failure_count(at_step_one: Rollout) -> None:
+    sim, canary = at_step_one.sim, at_step_one.canary
     for verdict in ("Fail", "Pass", "Fail", "Inconclusive"):
         sim.tick(30, analysis=sample(verdict, sim.now + timedelta(seconds=30)))
         assert sim.status.canary_revision == canary
@@ -111,22 +99,16 @@ def test_a_pass_resets_the_failure_count() -> None:
     assert sim.status.phase == "RolledBack"
 
 
-def test_the_same_sample_is_counted_once() -> None:
-    sim = deployed()
-    _, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_the_same_sample_is_counted_once(at_step_one: Rollout) -> None:
+    sim = at_step_one.sim
     bad = sample("Fail", sim.now + timedelta(seconds=30))
     for _ in range(5):
         sim.tick(5, analysis=bad)
     assert sim.status.canary is not None and sim.status.canary.consecutive_failures == 1
 
 
-def test_crash_looping_canary_is_rolled_back() -> None:
-    sim = deployed()
-    stable, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_crash_looping_canary_is_rolled_back(at_step_one: Rollout) -> None:
+    sim, stable, canary = at_step_one.sim, at_step_one.stable, at_step_one.canary
     sim.facts[canary] = RevisionFacts("ready", ready_replicas=0, crash_looping=True)
     sim.tick(10)
     assert sim.weights() == {stable: 100}
@@ -200,11 +182,8 @@ def test_promote_override_skips_the_remaining_steps() -> None:
     assert sim.status.phase == "Promoted"
 
 
-def test_abort_override_rolls_back() -> None:
-    sim = deployed()
-    stable, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_abort_override_rolls_back(at_step_one: Rollout) -> None:
+    sim, stable = at_step_one.sim, at_step_one.stable
     d = sim.tick(1, overrides=frozenset({"abort"}))
     assert d.overrides_done == {"abort"}
     assert sim.weights() == {stable: 100}
@@ -220,11 +199,8 @@ def test_overrides_with_nothing_to_act_on_are_cleared_with_a_warning() -> None:
     assert all(e.type == "Warning" for e in d.events)
 
 
-def test_restart_mid_canary_continues_from_status_alone() -> None:
-    sim = deployed()
-    stable, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_restart_mid_canary_continues_from_status_alone(at_step_one: Rollout) -> None:
+    sim, stable, canary = at_step_one.sim, at_step_one.stable, at_step_one.canary
     sim.tick(61, analysis=sample("Pass", sim.now + timedelta(seconds=61)))
     assert sim.weights() == {stable: 50, canary: 50}
     wire = sim.status.to_wire()
@@ -247,11 +223,8 @@ def test_without_steps_a_ready_canary_is_promoted_at_once() -> None:
     assert [r.name for r in sim.status.revisions] == [sim.rev], "no drain period: the old stable goes at once"
 
 
-def test_removing_steps_mid_canary_keeps_the_step_index_valid() -> None:
-    sim = deployed()
-    stable, canary = start_canary(sim)
-    sim.facts[canary] = READY
-    sim.tick(1)
+def test_removing_steps_mid_canary_keeps_the_step_index_valid(at_step_one: Rollout) -> None:
+    sim, stable, canary = at_step_one.sim, at_step_one.stable, at_step_one.canary
     sim.tick(61, analysis=sample("Pass", sim.now + timedelta(seconds=61)))
     assert sim.status.canary is not None and sim.status.canary.step == 1
     sim.apply(make_spec("b", steps=[{"weight": 20, "pause": "1m"}]))  # same revision, fewer steps
@@ -271,3 +244,43 @@ def test_reverting_the_spec_after_a_rollback_clears_degraded() -> None:
     assert sim.condition("Degraded") == ("False", "AsExpected")
     assert sim.status.phase == "Ready" and sim.weights() == {stable: 100}
     assert [r.name for r in sim.status.revisions] == [stable], "the failed revision is no longer listed"
+
+
+# ------------------------------------------------------------------ directed: one rule each
+
+
+def test_a_pass_from_the_previous_step_does_not_end_the_next(at_step_one: Rollout) -> None:
+    sim, stable, canary = at_step_one.sim, at_step_one.stable, at_step_one.canary
+    sim.tick(61, analysis=sample("Pass", sim.now + timedelta(seconds=61)))
+    assert sim.weights() == {stable: 50, canary: 50}
+    sim.tick(120)  # the second step's pause is long over, but nothing was measured during it
+    assert sim.weights() == {stable: 50, canary: 50}
+    sim.tick(1, analysis=sample("Pass", sim.now + timedelta(seconds=1)))
+    assert sim.weights() == {canary: 100}
+
+
+def test_a_sample_from_before_the_canary_had_traffic_is_not_counted(at_step_one: Rollout) -> None:
+    sim = at_step_one.sim
+    assert sim.status.canary is not None and sim.status.canary.step_started_at is not None
+    early = sample("Fail", sim.now - timedelta(seconds=5))
+    sim.tick(1, analysis=early)
+    assert sim.status.canary.consecutive_failures == 0 and sim.status.canary.last_analysis is None
+
+
+def test_an_older_sample_than_the_last_one_is_not_counted(at_step_one: Rollout) -> None:
+    sim = at_step_one.sim
+    sim.tick(30, analysis=sample("Pass", sim.now + timedelta(seconds=30)))
+    sim.tick(5, analysis=sample("Fail", sim.now - timedelta(seconds=10)))
+    assert sim.status.canary is not None and sim.status.canary.consecutive_failures == 0
+    assert sim.status.canary.last_analysis is not None and sim.status.canary.last_analysis.verdict == "Pass"
+
+
+def test_a_step_asks_to_be_called_back_when_its_pause_ends(at_step_one: Rollout) -> None:
+    """Steps of 1 min, analysis every 30 s: the next call is due at the sooner of the two."""
+    sim = at_step_one.sim
+    assert sim.last is not None and sim.last.requeue_after == 30.0
+    decision = sim.tick(45, analysis=sample("Pass", sim.now + timedelta(seconds=45)))
+    assert decision.requeue_after == 15.0, "the pause ends in 15 s, before the next analysis"
+    decision = sim.tick(15)
+    assert sim.status.canary is not None and sim.status.canary.step == 1
+    assert decision.requeue_after == 30.0

@@ -62,6 +62,8 @@ actions = st.one_of(
     st.builds(Wait, st.sampled_from([0, 5, 30, 61, 90])),
     st.builds(Cluster, st.none() | st.sampled_from(TAGS), st.booleans(), facts),
     st.builds(Cluster, st.none(), st.booleans(), st.just(RevisionFacts("ready", ready_replicas=1))),
+    # the spec's revision loses its replicas (a canary mid-step, a stable restarting)
+    st.builds(Cluster, st.none(), st.booleans(), st.just(RevisionFacts("ready", ready_replicas=0))),
     st.builds(Apply, st.sampled_from(TAGS), st.booleans()),
     st.builds(Analyse, st.sampled_from(["Pass", "Pass", "Fail", "Inconclusive"])),
     st.builds(Override, st.frozensets(st.sampled_from(["promote", "abort", "retry"]), min_size=1)),

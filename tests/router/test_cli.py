@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.router.upstreams import FakeUpstream, free_port, serving
+from folio.operator.router import metric_names as m
+from tests.router.upstreams import FakeUpstream, free_port, serving, until_ready
 
 
 async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path) -> None:
@@ -30,16 +29,7 @@ async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path)
         )  # fmt: skip
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        if (await client.get("/ready")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert proc.poll() is None, proc.communicate()[0]
-                    assert time.monotonic() < deadline, "router never became ready"
-                    await asyncio.sleep(0.05)
+                await until_ready(client, proc)
                 body = {"model": "m", "prompt": "x"}
                 assert (await client.post("/v1/completions", json=body)).status_code == 401
                 resp = await client.post(
@@ -47,7 +37,7 @@ async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path)
                 )
                 assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
                 metrics = (await client.get("/metrics")).text
-                assert 'folio_router_requests_total{code="200",isvc="chat",revision="r1"} 1.0' in metrics
+                assert f'{m.REQUESTS}{{code="200",isvc="chat",revision="r1"}} 1.0' in metrics
         finally:
             proc.send_signal(signal.SIGTERM)
             output = proc.communicate(timeout=30)[0]

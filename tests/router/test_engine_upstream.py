@@ -9,15 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from folio.operator.router import metric_names as m
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import free_port
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,17 +34,14 @@ def engines(folio_bin: str, tiny_llama: Path) -> Iterator[dict[str, str]]:
                    "--dtype", "float32", "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             procs[rev] = (proc, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 120
         for proc, url in procs.values():
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
+
+            def healthy(proc: subprocess.Popen[str] = proc, url: str = url) -> bool:
+                if proc.poll() is not None:
                     pytest.fail(f"folio serve did not start: {proc.communicate()[0][-3000:]}")
-                time.sleep(0.2)
+                return httpx.get(url + "/health", timeout=1).status_code == 200
+
+            wait_for(healthy, 120, "folio serve healthy", 0.2, ignore=(httpx.TransportError,))
         yield {rev: url for rev, (_, url) in procs.items()}
     finally:
         for proc, _ in procs.values():
@@ -68,9 +66,9 @@ async def test_failing_canary_engine_costs_no_client_errors(
         assert [a.status_code for a in answers] == [200] * 10
         assert {a.headers["x-folio-revision"] for a in answers} == {"r1"}
         assert all(a.json()["choices"][0]["text"] for a in answers)
-        assert r.metric("folio_router_requests_total", revision="r2", code="500") == 5
-        assert r.metric("folio_router_retries_total", from_revision="r2", to_revision="r1") == 5
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 10
+        assert r.metric(m.REQUESTS, revision="r2", code="500") == 5
+        assert r.metric(m.RETRIES, from_revision="r2", to_revision="r1") == 5
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 10
 
         chat = {
             "model": "tiny",

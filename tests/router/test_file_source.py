@@ -7,9 +7,11 @@ import json
 import os
 from pathlib import Path
 
+from folio.operator.router import metric_names as m
 from folio.operator.router.sources import FileSource
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
+from tests.support.wait import until
 
 
 def _write(path: Path, config: dict[str, object]) -> None:
@@ -19,11 +21,7 @@ def _write(path: Path, config: dict[str, object]) -> None:
 
 
 async def _until_weight(r: RouterUnderTest, revision: str, weight: float) -> None:
-    for _ in range(200):
-        if r.metric("folio_router_traffic_weight", revision=revision) == weight:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"router never picked up weight {weight} for {revision}")
+    await until(lambda: r.metric(m.WEIGHT, revision=revision) == weight, what=f"weight {weight} for {revision}")
 
 
 async def test_weight_change_in_the_file_takes_effect_at_once(router: RouterFactory, tmp_path: Path) -> None:

@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import FakeUpstream, serving
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(300):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")
+from tests.support.wait import until
 
 
 async def test_failing_replica_is_ejected_and_returns(router: RouterFactory) -> None:
@@ -32,14 +22,14 @@ async def test_failing_replica_is_ejected_and_returns(router: RouterFactory) -> 
         assert served == {"good", "sick"}
 
         sick.health_status = 503
-        await _until(lambda: not replica.healthy)
+        await until(lambda: not replica.healthy)
         assert "503" in replica.last_error
         sick.seen.clear()
         assert {(await r.complete()).json()["served_by"] for _ in range(6)} == {"good"}
         assert sick.seen == []
 
         sick.health_status = 200
-        await _until(lambda: replica.healthy)
+        await until(lambda: replica.healthy)
         assert {(await r.complete()).json()["served_by"] for _ in range(4)} == {"good", "sick"}
 
 
@@ -54,10 +44,10 @@ async def test_refused_replica_comes_back_once_it_listens_again(router: RouterFa
     ) as r:
         replica = r.app.state.balancer.replicas()[0]
         assert (await r.complete()).status_code in (502, 503)  # refused, or already known to be down
-        await _until(lambda: not replica.healthy)
+        await until(lambda: not replica.healthy)
         assert (await r.complete()).status_code == 503
         assert (await r.client.get("/ready")).status_code == 503
         async with serving(up):  # the engine restarts on the same address
-            await _until(lambda: replica.healthy)
+            await until(lambda: replica.healthy)
             assert (await r.complete()).status_code == 200
             assert (await r.client.get("/ready")).status_code == 200

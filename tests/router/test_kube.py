@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +15,13 @@ import aiohttp
 import httpx
 import pytest
 
+from folio.operator.k8s.client import AsyncKube
+from folio.operator.router import metric_names as m
 from folio.operator.router.config import RouterConfig
-from folio.operator.router.kube import KubeApi, KubernetesSource, slice_urls
+from folio.operator.router.kube import KubernetesSource, slice_urls
 from tests.router.conftest import RouterFactory
-from tests.router.upstreams import FakeUpstream, free_port, serving
+from tests.router.upstreams import FakeUpstream, free_port, serving, until_ready
+from tests.support.wait import until
 
 NS = "team"
 ISVC_PATH = f"/apis/serving.folio.dev/v1alpha1/namespaces/{NS}/inferenceservices"
@@ -34,7 +35,7 @@ def isvc(
         "apiVersion": "serving.folio.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": "chat", "namespace": NS, "resourceVersion": "1", "uid": "u1", "generation": 1},
-        "spec": {"model": {"source": "hf://org/m"}, **spec},
+        "spec": {"model": {"source": "hf://org/m", "revision": "0" * 40}, **spec},
         "status": {"traffic": traffic, "stableRevision": stable, "canaryRevision": canary},
     }
 
@@ -85,14 +86,6 @@ async def cluster(kmock: Any) -> Any:
         yield Cluster(session)
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(300):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")
-
-
 async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Cluster) -> None:
     key = base64.b64encode(b"sk-overflow\n").decode()
     await cluster.create(f"/api/v1/namespaces/{NS}/secrets", {
@@ -114,10 +107,11 @@ async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Clus
     await cluster.create(SLICES_PATH, endpoint_slice("other-aaa-x1", "other-aaa", 8000, ("10.9.9.9", True)))
 
     seen: list[RouterConfig] = []
-    source = KubernetesSource("chat", NS, KubeApi(str(kmock.url)), retry_max_s=0.1)
+    source = KubernetesSource("chat", NS, AsyncKube(str(kmock.url)), retry_max_s=0.1)
     task = asyncio.create_task(source.run(seen.append))
     try:
-        await _until(lambda: bool(seen) and seen[-1].endpoints.get("bbb") == ["http://[fd00::5]:8000"])
+        await until(lambda: bool(seen) and seen[-1].endpoints.get("bbb") == ["http://[fd00::5]:8000"],
+                    what="the first config")
         cfg = seen[-1]
         assert [(t.revision, t.weight) for t in cfg.traffic] == [("aaa", 90), ("bbb", 10)]
         assert cfg.stable_revision == "aaa" and cfg.canary_revision == "bbb"
@@ -131,16 +125,16 @@ async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Clus
         await cluster.patch(f"{ISVC_PATH}/chat", {"status": {
             "traffic": [{"revision": "bbb", "weight": 100}], "stableRevision": "bbb", "canaryRevision": None,
         }})  # fmt: skip
-        await _until(lambda: [t.revision for t in seen[-1].traffic] == ["bbb"])
+        await until(lambda: [t.revision for t in seen[-1].traffic] == ["bbb"], what="the promotion")
         assert seen[-1].stable_revision == "bbb" and list(seen[-1].endpoints) == ["bbb"]
 
         # a replica goes away
         await cluster.delete(f"{SLICES_PATH}/chat-bbb-x1")
-        await _until(lambda: seen[-1].endpoints == {"bbb": []})
+        await until(lambda: seen[-1].endpoints == {"bbb": []}, what="the replica gone")
 
         # the InferenceService is deleted: no traffic at all
         await cluster.delete(f"{ISVC_PATH}/chat")
-        await _until(lambda: seen[-1].traffic == [])
+        await until(lambda: seen[-1].traffic == [], what="no traffic")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -157,15 +151,15 @@ async def test_router_in_cluster_mode_routes_by_the_status(
                 SLICES_PATH, endpoint_slice(f"chat-{rev}-abc", f"chat-{rev}", port, ("127.0.0.1", True))
             )
         await cluster.create(ISVC_PATH, isvc([{"revision": "r1", "weight": 100}], "r1"))
-        source = KubernetesSource("chat", NS, KubeApi(str(kmock.url)))
+        source = KubernetesSource("chat", NS, AsyncKube(str(kmock.url)))
         async with router(source=source) as r:
-            await _until(lambda: r.app.state.ready()[0])
+            await until(lambda: r.app.state.ready()[0], what="the router ready")
             assert (await r.complete()).json()["served_by"] == "r1"
             await cluster.patch(
                 f"{ISVC_PATH}/chat",
                 {"status": {"traffic": [{"revision": "r1", "weight": 0}, {"revision": "r2", "weight": 100}]}},
             )
-            await _until(lambda: r.metric("folio_router_traffic_weight", revision="r2") == 100)
+            await until(lambda: r.metric(m.WEIGHT, revision="r2") == 100, what="the new weights")
             assert (await r.complete()).json()["served_by"] == "r2"
 
 
@@ -208,12 +202,7 @@ async def test_folio_router_kubernetes_mode(
         )  # fmt: skip
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{router_port}", timeout=5) as client:
-                for _ in range(600):
-                    with contextlib.suppress(httpx.TransportError):
-                        if (await client.get("/ready")).status_code == 200:
-                            break
-                    assert proc.poll() is None, proc.communicate()[0]
-                    await asyncio.sleep(0.05)
+                await until_ready(client, proc)
                 resp = await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
                 assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
         finally:

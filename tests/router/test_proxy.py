@@ -9,8 +9,10 @@ from collections import Counter
 import httpx
 import pytest
 
+from folio.operator.router import metric_names as m
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import FakeUpstream, dead_url, serving
+from tests.support.wait import until
 
 
 def _openai_error(resp: httpx.Response) -> dict[str, object]:
@@ -36,11 +38,11 @@ async def test_split_follows_weights_end_to_end(router: RouterFactory) -> None:
             served[resp.json()["served_by"]] += 1
             assert resp.headers["x-folio-revision"] == resp.json()["served_by"]
         assert served == {"r1": 180, "r2": 20}
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 180
-        assert r.metric("folio_router_requests_total", revision="r2", code="200") == 20
-        assert r.metric("folio_router_traffic_weight", revision="r2") == 10
-        assert r.metric("folio_router_request_duration_seconds_count", revision="r2") == 20
-        assert r.metric("folio_router_in_flight", revision="r1") == 0
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 180
+        assert r.metric(m.REQUESTS, revision="r2", code="200") == 20
+        assert r.metric(m.WEIGHT, revision="r2") == 10
+        assert r.metric(f"{m.DURATION}_count", revision="r2") == 20
+        assert r.metric(m.IN_FLIGHT, revision="r1") == 0
 
 
 async def test_pass_through_keeps_path_query_headers_and_body(router: RouterFactory) -> None:
@@ -71,10 +73,10 @@ async def test_canary_refusing_connections_costs_no_errors(router: RouterFactory
         statuses = [(await r.complete()).status_code for _ in range(20)]
         assert statuses == [200] * 20
         assert len(stable.seen) == 20
-        failed = r.metric("folio_router_requests_total", revision="r2", code="error")
+        failed = r.metric(m.REQUESTS, revision="r2", code="error")
         assert failed >= 1  # after the first refusal the replica is out of rotation until it answers
-        assert r.metric("folio_router_retries_total", from_revision="r2", to_revision="r1") == failed
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 20
+        assert r.metric(m.RETRIES, from_revision="r2", to_revision="r1") == failed
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 20
 
 
 async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) -> None:
@@ -90,9 +92,9 @@ async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) 
         assert [x.status_code for x in results] == [200] * 20
         assert {x.json()["served_by"] for x in results} == {"r1"}
         assert len(canary.seen) == 10  # a 500 is not a dead replica: it keeps getting its share
-        assert r.metric("folio_router_requests_total", revision="r2", code="500") == 10
-        assert r.metric("folio_router_retries_total", from_revision="r2", to_revision="r1") == 10
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 20
+        assert r.metric(m.REQUESTS, revision="r2", code="500") == 10
+        assert r.metric(m.RETRIES, from_revision="r2", to_revision="r1") == 10
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 20
 
 
 async def test_stable_500_is_relayed_after_one_retry(router: RouterFactory) -> None:
@@ -105,7 +107,7 @@ async def test_stable_500_is_relayed_after_one_retry(router: RouterFactory) -> N
         assert resp.status_code in (500, 502)  # the last attempt's own answer, as the replica sent it
         assert "failed" in _openai_error(resp)["message"]
         assert len(a.seen) + len(b.seen) == 2
-        assert r.metric("folio_router_retries_total", from_revision="r1", to_revision="r1") == 1
+        assert r.metric(m.RETRIES, from_revision="r1", to_revision="r1") == 1
 
 
 async def test_streaming_is_relayed_as_it_arrives(router: RouterFactory) -> None:
@@ -127,7 +129,7 @@ async def test_streaming_is_relayed_as_it_arrives(router: RouterFactory) -> None
             gate.set()
             rest = b"".join([c async for c in chunks])
         assert rest.endswith(b"data: [DONE]\n\n")
-        assert r.metric("folio_router_time_to_first_token_seconds_count", revision="r1") == 1
+        assert r.metric(f"{m.TTFT}_count", revision="r1") == 1
 
 
 async def test_client_leaving_mid_stream_drops_the_upstream_request(router: RouterFactory) -> None:
@@ -139,17 +141,13 @@ async def test_client_leaving_mid_stream_drops_the_upstream_request(router: Rout
     ):
         async with r.client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True}) as resp:
             await resp.aiter_raw().__anext__()
-        for _ in range(100):  # the router notices the client leave and ends its attempt
-            if r.metric("folio_router_in_flight", revision="r1") == 0:
-                break
-            await asyncio.sleep(0.02)
+        # the router notices the client leave and ends its attempt
+        await until(lambda: r.metric(m.IN_FLIGHT, revision="r1") == 0, what="the attempt ended")
         gate.set()  # the upstream writes its next chunk into a connection the router has closed
-        for _ in range(100):  # the engine sees its client go away, so it can free the sequence
-            if up.cancelled:
-                break
-            await asyncio.sleep(0.02)
+        # the engine sees its client go away, so it can free the sequence
+        await until(lambda: up.cancelled, what="the upstream request cancelled")
         assert up.cancelled == 1
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 1
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 1
 
 
 async def test_overflow_when_every_replica_is_busy(router: RouterFactory) -> None:
@@ -168,9 +166,9 @@ async def test_overflow_when_every_replica_is_busy(router: RouterFactory) -> Non
         assert len(a.seen) == len(b.seen) == 1
         assert remote.seen[-1].headers["Authorization"] == "Bearer sk-remote"  # never the client's key
         assert remote.seen[-1].path == "/v1/completions"
-        assert r.metric("folio_router_requests_total", revision="r1", code="429") == 1
-        assert r.metric("folio_router_requests_total", revision="r1", code="503") == 1
-        assert r.metric("folio_router_requests_total", revision="overflow", code="200") == 1
+        assert r.metric(m.REQUESTS, revision="r1", code="429") == 1
+        assert r.metric(m.REQUESTS, revision="r1", code="503") == 1
+        assert r.metric(m.REQUESTS, revision="overflow", code="200") == 1
         a.status = 200
         resp = await r.complete(Authorization="Bearer client-key")
         assert resp.json()["served_by"] in ("a", "remote")  # b still busy; a serves again
@@ -202,20 +200,12 @@ async def test_shadow_mirrors_to_canary_without_slowing_the_primary(router: Rout
         for _ in range(5):
             resp = await r.complete()
             assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
-        for _ in range(100):
-            if len(canary.seen) == 5:
-                break
-            await asyncio.sleep(0.02)
-        assert len(canary.seen) == 5
+        await until(lambda: len(canary.seen) == 5, what="five mirrored requests")
         assert all(s.headers.get("X-Folio-Shadow") == "1" for s in canary.seen)
-        assert r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 0
+        assert r.metric(m.SHADOW_REQUESTS, revision="r2", code="200") == 0
         canary.hold.set()
-        for _ in range(100):
-            if r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 5:
-                break
-            await asyncio.sleep(0.02)
-        assert r.metric("folio_router_shadow_requests_total", revision="r2", code="200") == 5
-        assert r.metric("folio_router_requests_total", revision="r2", code="200") == 0  # not real traffic
+        await until(lambda: r.metric(m.SHADOW_REQUESTS, revision="r2", code="200") == 5, what="five shadow answers")
+        assert r.metric(m.REQUESTS, revision="r2", code="200") == 0  # not real traffic
 
 
 async def test_shadow_percent_is_a_fraction(router: RouterFactory) -> None:
@@ -292,7 +282,7 @@ async def test_unreachable_stable_is_502(router: RouterFactory) -> None:
         assert resp.status_code == 502
         assert _openai_error(resp)["code"] == "upstream_unreachable"
         assert _openai_error(resp)["type"] == "server_error"
-        assert r.metric("folio_router_requests_total", revision="r1", code="error") == 1
+        assert r.metric(m.REQUESTS, revision="r1", code="error") == 1
         # the refused replica is out of rotation now: no attempt at all, and /ready says so
         assert (await r.complete()).status_code == 503
         assert (await r.client.get("/ready")).status_code == 503
@@ -309,8 +299,8 @@ async def test_weight_change_applies_to_the_next_request(router: RouterFactory) 
                 endpoints=endpoints,
             )
             assert (await r.complete()).json()["served_by"] == "r2"
-            assert r.metric("folio_router_traffic_weight", revision="r1") == 0
-            assert r.metric("folio_router_traffic_weight", revision="r2") == 100
+            assert r.metric(m.WEIGHT, revision="r1") == 0
+            assert r.metric(m.WEIGHT, revision="r2") == 100
 
 
 async def test_upstream_breaking_mid_stream_breaks_the_client_stream(router: RouterFactory) -> None:
@@ -326,7 +316,7 @@ async def test_upstream_breaking_mid_stream_breaks_the_client_stream(router: Rou
                 async for chunk in resp.aiter_raw():
                     received += chunk
         assert b'"n": 1' in received and b"[DONE]" not in received
-        assert r.metric("folio_router_requests_total", revision="r1", code="200") == 1
+        assert r.metric(m.REQUESTS, revision="r1", code="200") == 1
 
 
 async def test_fewest_in_flight_replica_gets_the_next_request(router: RouterFactory) -> None:
@@ -357,7 +347,7 @@ async def test_overflow_when_no_local_replica_exists(router: RouterFactory) -> N
         resp = await r.complete()
         assert resp.status_code == 200 and resp.json()["served_by"] == "remote"
         assert resp.headers["x-folio-revision"] == "overflow"
-        assert r.metric("folio_router_requests_total", revision="overflow", code="200") == 1
+        assert r.metric(m.REQUESTS, revision="overflow", code="200") == 1
 
 
 async def test_oversized_body_is_413(router: RouterFactory) -> None:

@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import httpx
 from aiohttp import web
 from multidict import CIMultiDict
 
 from folio.operator.router.server import bind
+from tests.support.wait import until
 
 
 @dataclass
@@ -110,6 +113,17 @@ def free_port() -> int:
     """A loopback port free right now (for servers started in a subprocess)."""
     with bind("127.0.0.1", 0) as sock:
         return sock.getsockname()[1]
+
+
+async def until_ready(client: httpx.AsyncClient, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Wait for a `folio router` started as ``proc`` to answer /ready with 200 (on ``client``'s base URL)."""
+
+    async def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"folio router exited: {proc.communicate()[0]}")
+        return (await client.get("/ready")).status_code == 200
+
+    await until(ready, timeout, "the router ready", interval=0.05, ignore=(httpx.TransportError,))
 
 
 def dead_url() -> str:

@@ -1,0 +1,57 @@
+"""The canary verdict: decided here, from one interval's figures and the spec's thresholds.
+
+Fewer than ``minRequests`` canary requests is *Inconclusive* (never a pass); otherwise *Fail* when
+any threshold is exceeded (error rate, p99 latency above stable's, TTFT p95), else *Pass*. The
+reasons say which figure broke which limit; they end up in status and in Events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from folio.operator.analysis.windows import Figures
+from folio.operator.spec import AnalysisSample, AnalysisSpec, as_utc, now_iso
+
+
+def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[str] = ()) -> AnalysisSample:
+    """The verdict on one interval, with the figures and the reasons behind it."""
+    requests, errors = round(figures.requests), round(figures.errors)
+    rate = errors / requests if requests else 0.0
+    reasons: list[str] = list(notes)
+    if requests < spec.min_requests:
+        verdict = "Inconclusive"
+        reasons.append(f"only {requests} canary requests in the interval (minRequests {spec.min_requests})")
+    else:
+        failures = []
+        if rate > spec.max_error_rate:
+            failures.append(
+                f"error rate {rate:.2%} ({errors}/{requests}) exceeds maxErrorRate {spec.max_error_rate:.2%}"
+            )
+        p99, stable_p99 = figures.latency_p99_ms, figures.stable_latency_p99_ms
+        if p99 is not None and stable_p99 is not None:
+            increase = p99 - stable_p99
+            if increase > spec.max_latency_p99_increase_ms:
+                failures.append(
+                    f"p99 latency {p99:.0f} ms is {increase:.0f} ms above stable's {stable_p99:.0f} ms "
+                    f"(maxLatencyP99IncreaseMs {spec.max_latency_p99_increase_ms:g})"
+                )
+        ttft = figures.ttft_p95_ms
+        if ttft is not None and ttft > spec.max_time_to_first_token_p95_ms:
+            failures.append(
+                f"TTFT p95 {ttft:.0f} ms exceeds maxTimeToFirstTokenP95Ms "
+                f"{spec.max_time_to_first_token_p95_ms:g}"
+            )
+        verdict = "Fail" if failures else "Pass"
+        reasons += failures or ["error rate, latency and time to first token within limits"]
+    return AnalysisSample(
+        at=now_iso(as_utc(now)),
+        requests=requests,
+        errors=errors,
+        error_rate=rate,
+        latency_p99_ms=figures.latency_p99_ms,
+        stable_latency_p99_ms=figures.stable_latency_p99_ms,
+        ttft_p95_ms=figures.ttft_p95_ms,
+        verdict=verdict,
+        reasons=reasons,
+    )

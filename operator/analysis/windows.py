@@ -1,0 +1,158 @@
+"""Per-revision counters from a router's metrics, what happened between two scrapes, and the figures.
+
+A window holds one revision's counters: absolute values in a scrape, or increases over an
+interval. Between two scrapes of the same router pod the window is the difference, unless a series
+went down: then the pod restarted, and everything it counts now happened since.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from folio.operator.router import metric_names as m
+
+Buckets = dict[float, float]  # upper bound (le) -> cumulative count
+
+
+@dataclass
+class RevisionWindow:
+    """Counters of one revision: absolute values in a scrape, or increases over an interval."""
+
+    codes: dict[str, float] = field(default_factory=dict)
+    duration: Buckets = field(default_factory=dict)
+    ttft: Buckets = field(default_factory=dict)
+
+    @property
+    def requests(self) -> float:
+        return sum(self.codes.values())
+
+    @property
+    def errors(self) -> float:
+        return sum(n for code, n in self.codes.items() if m.is_error(code))
+
+
+Snapshot = dict[str, RevisionWindow]  # revision -> counters
+
+
+def parse_router_metrics(text: str, isvc: str) -> Snapshot:
+    """The per-revision counters of ``isvc`` in one router's Prometheus text exposition."""
+    snap: Snapshot = defaultdict(RevisionWindow)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = s.labels
+            if labels.get(m.ISVC) != isvc or m.REVISION not in labels:
+                continue
+            rev = snap[labels[m.REVISION]]
+            if s.name == m.REQUESTS:
+                code = labels.get(m.CODE, "")
+                rev.codes[code] = rev.codes.get(code, 0.0) + s.value
+            elif s.name == f"{m.DURATION}_bucket":
+                rev.duration[float(labels["le"])] = s.value
+            elif s.name == f"{m.TTFT}_bucket":
+                rev.ttft[float(labels["le"])] = s.value
+    return dict(snap)
+
+
+def _parts(w: RevisionWindow) -> tuple[dict, dict, dict]:
+    return w.codes, w.duration, w.ttft
+
+
+def _went_down(current: Snapshot, previous: Snapshot) -> bool:
+    for name, before in previous.items():
+        now = current.get(name, RevisionWindow())
+        for b, n in zip(_parts(before), _parts(now), strict=True):
+            if any(n.get(key, -1.0) < value for key, value in b.items()):
+                return True
+    return False
+
+
+def delta(current: Snapshot, previous: Snapshot) -> Snapshot:
+    """What happened between two scrapes of the same router pod.
+
+    If any series went down (or vanished) the pod restarted in between: everything it counts now
+    happened since, so the current scrape is the delta.
+    """
+    if _went_down(current, previous):
+        return current
+    empty = RevisionWindow()
+    return {
+        name: RevisionWindow(
+            *(
+                {key: value - b.get(key, 0.0) for key, value in n.items()}
+                for n, b in zip(_parts(now), _parts(previous.get(name, empty)), strict=True)
+            )
+        )
+        for name, now in current.items()
+    }
+
+
+def merge(windows: Iterable[Snapshot]) -> Snapshot:
+    """Sum the windows of several router pods."""
+    out: Snapshot = defaultdict(RevisionWindow)
+    for snap in windows:
+        for name, w in snap.items():
+            for src, dst in zip(_parts(w), _parts(out[name]), strict=True):
+                for key, value in src.items():
+                    dst[key] = dst.get(key, 0.0) + value
+    return dict(out)
+
+
+def histogram_quantile(q: float, buckets: Buckets) -> float | None:
+    """Prometheus' ``histogram_quantile`` over cumulative buckets; None without observations.
+
+    Linear interpolation inside the bucket holding the rank; a rank in the ``+Inf`` bucket
+    returns the largest finite bound (the histogram cannot say more).
+    """
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0 or not math.isinf(bounds[-1]):
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = max(buckets[le], below)  # cumulative counts never decrease; guard against skew
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return None  # unreachable: the +Inf bucket holds every observation
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One interval's figures for the canary, compared with stable (latencies in ms)."""
+
+    requests: float
+    errors: float
+    latency_p99_ms: float | None
+    stable_latency_p99_ms: float | None
+    ttft_p95_ms: float | None
+
+
+NO_FIGURES = Figures(0.0, 0.0, None, None, None)
+
+
+def figures_from_windows(window: Snapshot, canary: str, stable: str | None) -> Figures:
+    c = window.get(canary, RevisionWindow())
+    s = window.get(stable, RevisionWindow()) if stable else RevisionWindow()
+    return Figures(
+        requests=c.requests,
+        errors=c.errors,
+        latency_p99_ms=ms(histogram_quantile(0.99, c.duration)),
+        stable_latency_p99_ms=ms(histogram_quantile(0.99, s.duration)),
+        ttft_p95_ms=ms(histogram_quantile(0.95, c.ttft)),
+    )
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0

@@ -1,0 +1,77 @@
+"""`folio operator`: run the kopf operator for InferenceServices, with its own /metrics port."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+from typing import Any
+
+from folio.operator.spec import DEFAULT_IMAGE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; default: the current one)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--metrics-port", type=int, default=8090, help="port of /metrics (0: off)")
+    parser.add_argument("--health-port", type=int, default=8081, help="port of kopf's /healthz (0: off)")
+    parser.add_argument("--resync-seconds", type=float, default=10.0,
+                        help="the longest an InferenceService goes unchecked (drift repair); rollout steps "
+                        "and drains are acted on when they are due")
+    parser.add_argument("--image", default=os.environ.get("FOLIO_IMAGE", DEFAULT_IMAGE),
+                        help="image for the router and pre-pull pods (default: $FOLIO_IMAGE or the release)")
+    parser.add_argument("--cache-access-mode", action="append", default=None,
+                        choices=["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"],
+                        help="access mode of the weights cache PVCs (default ReadWriteMany, which engines "
+                        "on several nodes need; ReadWriteOnce suits a one-node cluster)")
+    parser.add_argument("--peering", default="folio",
+                        help="kopf peering name, so replicas run one at a time ('' to run standalone)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority of this replica (default: random, so replicas of one "
+                        "Deployment never tie; kopf pauses every peer of equal priority)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    import kopf
+    import kubernetes
+    from prometheus_client import start_http_server
+
+    from folio.operator.controller.handlers import configure, register
+    from folio.operator.controller.reconcile import Context
+    from folio.operator.k8s.client import Kube
+    from folio.operator.k8s.names import current_namespace
+    from folio.operator.serving.objects import PlanSettings
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    namespaces = args.namespace or ([] if args.all_namespaces else [current_namespace()])
+    settings = configure(kopf.OperatorSettings(), peering=args.peering or None, clusterwide=args.all_namespaces)
+    registry = register(kopf.OperatorRegistry())
+    # kopf logs in as our own client does: the pod's service account, else the kubeconfig.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    try:
+        kube = Kube.from_environment()
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        print(f"folio operator: no Kubernetes credentials (in-cluster or kubeconfig): {exc}", file=sys.stderr)
+        return 2
+    plan_settings = PlanSettings(image=args.image,
+                                 cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]))
+    ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    options: dict[str, Any] = {"clusterwide": True} if args.all_namespaces else {"namespaces": namespaces}
+    kopf.run(
+        registry=registry,
+        settings=settings,
+        memo=kopf.Memo(ctx=ctx),
+        standalone=not args.peering,
+        priority=args.priority if args.priority is not None else random.randint(1, 2**31 - 1),
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        **options,
+    )
+    return 0

@@ -1,0 +1,157 @@
+"""Thin kopf handlers: every trigger runs the same level-based `reconcile.reconcile`.
+
+- create, resume and update (of the spec) reconcile at once, and so does a manual override
+  (a `folio.dev/promote|abort|retry` annotation, which kopf does not count as an update);
+- each InferenceService has a clock, a kopf daemon that reconciles when the last decision's
+  ``requeue_after`` comes due (a step's pause ending, a drain ending, the next analysis
+  interval), and at least every ``resync`` seconds, which repairs drift;
+- indexes keep every child and pod labelled `managed-by=folio` in memory, from kopf's own watches,
+  so that a pass never lists them, and an event on one pokes its owner's clock for a pass at once
+  (a Job finished, a pod became ready);
+- deletion removes the children explicitly (owner references would too, eventually).
+
+Handlers never sleep: a failure raises `kopf.TemporaryError` with a growing delay, and the clock
+waits on kopf's stop flag, so a deletion or shutdown never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from folio.operator.controller import metrics
+from folio.operator.controller.children import INDEXED_KINDS, Children, Expectations, index_child, index_id
+from folio.operator.controller.executor import delete_all
+from folio.operator.controller.observe import overrides
+from folio.operator.controller.reconcile import Context, call, memo_part, reconcile
+from folio.operator.k8s.client import ApiError
+from folio.operator.k8s.names import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PLURALS
+from folio.operator.spec import DOMAIN, GROUP, PLURAL, VERSION
+
+MAX_BACKOFF_S = 60.0  # API failures: 1, 2, 4 ... 60 s
+UNEXPECTED_BACKOFF_S = 30.0
+# On deletion or shutdown the clock gets this long to finish a pass in flight before it is cancelled.
+CLOCK_GRACE_S = 60.0
+
+
+def configure(settings: kopf.OperatorSettings, *, watch_timeout_s: float = 300.0,
+              peering: str | None = "folio", clusterwide: bool = False) -> kopf.OperatorSettings:
+    """kopf settings: our own finalizer and storage names, quiet event posting, bounded watches."""
+    settings.persistence.finalizer = f"{DOMAIN}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=DOMAIN, key="last-handled-configuration"
+    )
+    # kopf's own log lines become Events only from WARNING up; ours are posted explicitly.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = watch_timeout_s
+    settings.watching.client_timeout = watch_timeout_s + 30
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # A deletion waits for the clock's pass in flight to end before the finalizer goes: look again
+    # soon (kopf's default is a minute).
+    settings.background.cancellation_polling = 1.0
+    # Namespaced operators must not list namespaces or watch CRDs cluster-wide: their Role has neither.
+    settings.scanning.disabled = not clusterwide
+    if peering:  # two operator replicas: one is active, the other waits (needs kopf's peering CRDs)
+        settings.peering.name = peering
+        settings.peering.mandatory = False
+        settings.peering.clusterwide = clusterwide
+    return settings
+
+
+def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
+    """Attach the handlers. API failures back off via `kopf.TemporaryError`; anything unexpected is
+    retried by kopf after `UNEXPECTED_BACKOFF_S`, so a bug never turns into a hot loop. The longest a
+    clock waits is the context's ``resync_s`` (`folio operator --resync-seconds`)."""
+    for api_version, kind in INDEXED_KINDS:
+        group, _, version = api_version.rpartition("/")
+        child = {"group": group, "version": version, "plural": PLURALS[(api_version, kind)],
+                 "labels": {MANAGED_BY_LABEL: MANAGED_BY}, "registry": registry}
+        kopf.index(**child, id=index_id(kind))(index_child)
+        kopf.on.event(**child, id=f"{index_id(kind)}_changed")(on_child_event)
+    resource = (GROUP, VERSION, PLURAL)
+    options: dict[str, Any] = {"registry": registry, "backoff": UNEXPECTED_BACKOFF_S}
+    kopf.on.resume(*resource, **options)(on_change)
+    kopf.on.create(*resource, **options)(on_change)
+    kopf.on.update(*resource, **options)(on_change)
+    kopf.on.delete(*resource, **options)(on_delete)
+    kopf.on.event(*resource, registry=registry)(on_service_event)
+    kopf.daemon(*resource, **options, cancellation_backoff=CLOCK_GRACE_S, cancellation_timeout=10.0)(clock)
+    return registry
+
+
+async def on_change(body: kopf.Body, memo: kopf.Memo, retry: int, reason: str, logger: logging.Logger,
+                    **kwargs: Any) -> None:
+    try:
+        await reconcile(body, memo, trigger=str(reason), logger=logger, indexes=kwargs)
+    except ApiError as exc:
+        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=backoff(retry)) from exc
+
+
+async def on_service_event(namespace: str | None, name: str | None, meta: kopf.Meta, memo: kopf.Memo,
+                           **_: Any) -> None:
+    """A manual override asked for (an annotation): a pass now rather than at the resync."""
+    schedule = memo.ctx.schedules.get((namespace or "", name or ""))
+    if schedule is not None and overrides(meta.annotations):
+        schedule.poke()
+
+
+async def on_child_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    """Runs after the index holds the event: the owner's next pass sees it."""
+    ctx: Context = memo.ctx
+    schedule = ctx.schedules.get((namespace or "", labels.get(ISVC_LABEL, "")))
+    if schedule is not None:
+        schedule.poke()
+
+
+async def clock(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger,
+                **kwargs: Any) -> None:
+    """The InferenceService's clock: a pass when a child changed or the last decision is due again,
+    else every resync."""
+    ctx: Context = memo.ctx
+    schedule = ctx.schedule(body.meta.namespace, body.meta.name)
+    while not stopped:
+        schedule.wake.clear()
+        delay, trigger = schedule.next_pass(ctx.resync_s)
+        if await _woken(schedule.wake, stopped, delay) or stopped:
+            continue  # another pass just set a new due time (or we are asked to stop): look again
+        try:
+            await reconcile(body, memo, trigger=trigger, logger=logger, indexes=kwargs)
+        except ApiError as exc:  # a failed pass is simply tried again at the next one
+            logger.warning("periodic reconcile failed, next try in %ss: %s", ctx.resync_s, exc)
+            schedule.after(None)
+
+
+async def _woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> bool:
+    """Wait ``delay`` seconds; True when ``wake`` or ``stopped`` cut the wait short."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return bool(done)
+
+
+async def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, logger: logging.Logger, **kwargs: Any) -> None:
+    meta = body.meta
+    expect = memo_part(memo, "expectations", Expectations)
+    live = expect.view(Children.from_indexes(kwargs, meta.namespace, meta.name))
+    try:
+        async with memo_part(memo, "reconcile_lock", asyncio.Lock):  # a pass in flight must not re-create what goes now
+            gone = await call(delete_all, memo.ctx.kube, live, expect)
+    except ApiError as exc:
+        raise kopf.TemporaryError(f"deleting children: {exc}", delay=backoff(retry)) from exc
+    for _, kind, _ in gone:
+        metrics.APPLIED.labels(kind=kind, action="deleted").inc()
+    memo.ctx.schedules.pop((meta.namespace, meta.name), None)
+    logger.info("deleted %d child objects; the finalizer is released", len(gone))
+
+
+def backoff(retry: int) -> float:
+    return min(MAX_BACKOFF_S, 2.0 ** retry)

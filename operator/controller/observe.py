@@ -1,0 +1,125 @@
+"""The rollout's facts from an InferenceService's children, as `rollout.Observed`.
+
+The pure parts (`job_weights`, `ready_replicas`, `crash_looping`, `router_metrics_urls`) read one
+object each and are unit-tested; `observe` reads the children the indexes hold. Weights already
+verified in status are not looked up again: the pre-pull Job is gone once they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Literal
+
+from folio.operator.controller.children import Children, Obj
+from folio.operator.k8s.names import ROUTER_PORT, component_labels, engine_name, prepull_job_name
+from folio.operator.rollout import OVERRIDES, Observed, RevisionFacts
+from folio.operator.spec import DOMAIN, InferenceServiceSpec, InferenceServiceStatus, revision_name
+
+WeightsState = Literal["pending", "ready", "failed"]
+
+
+def observe(
+    children: Children,
+    isvc: str,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    annotations: Mapping[str, str],
+    now: datetime,
+) -> Observed:
+    names = [r.name for r in status.revisions if r.role != "Failed"]
+    target = revision_name(spec)
+    if target not in names and not any(f.revision == target for f in status.failed_revisions):
+        names.append(target)
+    facts = {name: _revision_facts(children, isvc, name, status) for name in names}
+    return Observed(now=now, revisions=facts, overrides=overrides(annotations))
+
+
+def _revision_facts(children: Children, isvc: str, rev: str, status: InferenceServiceStatus) -> RevisionFacts:
+    known = status.revision(rev)
+    weights: WeightsState
+    if known is not None and known.weights_ready:
+        weights, message = "ready", ""
+    else:
+        job = children.get("batch/v1", "Job", prepull_job_name(isvc, rev))
+        failed = job is not None and _condition(job, "Failed") is not None
+        pods = children.pods_with(component_labels(isvc, "prepull", rev)) if failed else []
+        weights, message = job_weights(job, pods)
+    deployment = children.get("apps/v1", "Deployment", engine_name(isvc, rev))
+    pods = children.pods_with(component_labels(isvc, "engine", rev)) if deployment else []
+    return RevisionFacts(
+        weights=weights,
+        weights_message=message,
+        ready_replicas=ready_replicas(deployment),
+        crash_looping=crash_looping(pods),
+    )
+
+
+def overrides(annotations: Mapping[str, str]) -> frozenset[str]:
+    """The manual overrides asked for with `folio.dev/<name>` annotations."""
+    return frozenset(name for name in OVERRIDES if f"{DOMAIN}/{name}" in annotations)
+
+
+def job_weights(job: Obj | None, pods: Sequence[Obj] = ()) -> tuple[WeightsState, str]:
+    """(pending|ready|failed, message) from a pre-pull Job and its pods."""
+    if job is None:
+        return "pending", "pre-pull not started"
+    if (job.get("metadata") or {}).get("deletionTimestamp"):  # an old attempt going away (retry): a new one follows
+        return "pending", "previous pre-pull is being removed"
+    status = job.get("status") or {}
+    if status.get("succeeded", 0) >= 1 or _condition(job, "Complete"):
+        return "ready", ""
+    failed = _condition(job, "Failed")
+    if failed is not None:
+        detail = _termination_message(pods) or failed.get("message") or failed.get("reason") or "pre-pull failed"
+        return "failed", detail
+    attempts = status.get("failed", 0)
+    return "pending", f"pre-pull running (attempt {attempts + 1})" if status.get("active") else "pre-pull pending"
+
+
+def ready_replicas(deployment: Obj | None) -> int:
+    if deployment is None:
+        return 0
+    return int((deployment.get("status") or {}).get("readyReplicas") or 0)
+
+
+def crash_looping(pods: Sequence[Obj]) -> bool:
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                return True
+    return False
+
+
+def router_metrics_urls(pods: Sequence[Obj]) -> list[str]:
+    """`/metrics` of every running router pod, at its `http` container port."""
+    urls = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        port = ROUTER_PORT
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            for p in container.get("ports") or []:
+                if p.get("name") == "http":
+                    port = int(p["containerPort"])
+        host = f"[{ip}]" if ":" in ip else ip
+        urls.append(f"http://{host}:{port}/metrics")
+    return sorted(urls)
+
+
+def _condition(obj: Obj, type_: str) -> Obj | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def _termination_message(pods: Sequence[Obj]) -> str:
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+            if message:
+                return " ".join(message.strip().splitlines()[-3:])
+    return ""

@@ -1,0 +1,157 @@
+"""Every name Folio gives or reads in a cluster: labels, object names, ports, kinds, the namespace.
+
+The planner names what it creates with these, the executor and the observer find it with them, the
+router recognises its revisions' EndpointSlices by them and the analysis finds the router pods; no
+other module spells a label, a port or an object name out.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from folio.operator.spec import API_VERSION, GROUP, KIND, PLURAL
+
+Component = Literal["engine", "router", "prepull", "cache"]
+
+ISVC_LABEL = f"{GROUP}/inferenceservice"
+REVISION_LABEL = f"{GROUP}/revision"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "folio"
+# Set by Kubernetes on every EndpointSlice of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+ENGINE_PORT = 8000  # `folio serve` in an engine pod
+ROUTER_PORT = 8080  # `folio router` in a router pod
+ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{isvc}`, port 80
+
+# (apiVersion, kind) -> plural, for every kind Folio reads or writes.
+PLURALS: dict[tuple[str, str], str] = {
+    ("apps/v1", "Deployment"): "deployments",
+    ("v1", "Service"): "services",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    ("v1", "Secret"): "secrets",
+    ("batch/v1", "Job"): "jobs",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    (API_VERSION, KIND): PLURAL,
+}
+# Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
+MANAGED_KINDS: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("v1", "PersistentVolumeClaim"),
+    ("batch/v1", "Job"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+)
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def base_labels(isvc: str) -> dict[str, str]:
+    """What every object of one InferenceService carries; the executor prunes by these."""
+    return {
+        "app.kubernetes.io/name": "folio",
+        INSTANCE_LABEL: isvc,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        ISVC_LABEL: isvc,
+    }
+
+
+def component_labels(isvc: str, component: Component, revision: str | None = None) -> dict[str, str]:
+    labels = {**base_labels(isvc), COMPONENT_LABEL: component}
+    if revision is not None:
+        labels[REVISION_LABEL] = revision
+    return labels
+
+
+def selector(isvc: str, component: Component, revision: str | None = None) -> dict[str, str]:
+    """Deployment selectors are immutable: only the labels that never change."""
+    sel = {INSTANCE_LABEL: isvc, COMPONENT_LABEL: component}
+    if revision is not None:
+        sel[REVISION_LABEL] = revision
+    return sel
+
+
+def has_labels(obj: dict, labels: dict[str, str]) -> bool:
+    found = (obj.get("metadata") or {}).get("labels") or {}
+    return all(found.get(k) == v for k, v in labels.items())
+
+
+# ------------------------------------------------------------------------ object names
+
+
+def engine_name(isvc: str, revision: str) -> str:
+    """The engine Deployment and its headless Service."""
+    return f"{isvc}-{revision}"
+
+
+def revision_of_service(isvc: str, service: str) -> str | None:
+    """Inverse of `engine_name`: the revision an engine Service (or its EndpointSlices) belongs to."""
+    prefix = f"{isvc}-"
+    if not service.startswith(prefix) or service == prefix:
+        return None
+    return service[len(prefix) :]
+
+
+def router_name(isvc: str) -> str:
+    """The router Deployment and the Service clients use: the InferenceService's own name."""
+    return isvc
+
+
+def router_account_name(isvc: str) -> str:
+    """The router's ServiceAccount, Role and RoleBinding."""
+    return f"{isvc}-router"
+
+
+def cache_pvc_name(isvc: str) -> str:
+    return f"{isvc}-weights"
+
+
+def prepull_job_name(isvc: str, revision: str) -> str:
+    return f"{isvc}-prepull-{revision}"
+
+
+def disruption_budget_name(isvc: str, component: Component) -> str:
+    return f"{isvc}-{component}"
+
+
+# --------------------------------------------------------------------------- namespace
+
+
+def namespace_in_pod() -> str | None:
+    """The namespace of the pod this process runs in (its service account's), or None outside one."""
+    try:
+        return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def current_namespace() -> str:
+    """Where a command acts by default: the pod's namespace, ``$POD_NAMESPACE``, the kube context's, or
+    ``default`` — the order kubectl and client-go use."""
+    found = namespace_in_pod() or os.environ.get("POD_NAMESPACE")
+    if found:
+        return found
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:  # $KUBECONFIG is read now: the client library read it once, when it was imported
+        _, active = config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG") or None)
+    except (ConfigException, OSError):
+        return "default"
+    return str((active or {}).get("context", {}).get("namespace") or "default")

@@ -1,0 +1,44 @@
+"""Reading an InferenceService manifest for `folio up` and `folio apply`.
+
+Kept light (yaml and pydantic are imported when a file is read) because `folio --help` imports
+every command module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from folio.operator.spec import InferenceService
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; the message is meant for the user as it is."""
+
+
+def load_manifest(path: str | Path) -> InferenceService:
+    """Parse and validate an InferenceService YAML file (the `InferenceService` model)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from folio.operator.spec import KIND, InferenceService, describe_errors
+    from folio.operator.yaml_load import load_all
+
+    path = Path(path)
+    try:
+        docs = [d for d in load_all(path.read_text()) if d is not None]
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path} is not valid YAML: {exc}") from None
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(found) != 1:
+        raise ManifestError(f"{path} must hold exactly one {KIND} document, found {len(found)}")
+    try:
+        manifest = InferenceService.model_validate(found[0])
+    except ValidationError as exc:
+        raise ManifestError(f"{path}: {describe_errors(exc)}") from None
+    if not manifest.name:
+        raise ManifestError(f"{path}: metadata.name is required")
+    return manifest

@@ -1,0 +1,29 @@
+"""The names and labels of the router's metrics: what `RouterMetrics` exports and the analysis reads.
+
+`folio.operator.router.metrics` registers them, `folio.operator.analysis` parses them (from router
+scrapes or PromQL) and the tests generate and read them with these same constants, so a rename
+cannot leave the canary analysis reading nothing.
+"""
+
+from __future__ import annotations
+
+# Label names. Every series is per InferenceService and revision.
+ISVC = "isvc"
+REVISION = "revision"
+CODE = "code"  # the upstream's HTTP status, or "error" when it never answered
+
+# Upstream attempts by revision and outcome: requests and errors of the analysis.
+REQUESTS = "folio_router_requests_total"
+RETRIES = "folio_router_retries_total"
+# Histograms: latency p99 and time-to-first-token p95 of the analysis.
+DURATION = "folio_router_request_duration_seconds"
+TTFT = "folio_router_time_to_first_token_seconds"
+WEIGHT = "folio_router_traffic_weight"
+SHADOW_REQUESTS = "folio_router_shadow_requests_total"
+SHADOW_DURATION = "folio_router_shadow_request_duration_seconds"
+IN_FLIGHT = "folio_router_in_flight"
+
+
+def is_error(code: str) -> bool:
+    """A failed upstream attempt: a 5xx answer, or no answer at all (``error``)."""
+    return code == "error" or (len(code) == 3 and code.startswith("5"))

@@ -1,0 +1,103 @@
+"""The weights cache in a cluster: its PVC, and the pre-pull Job that fills it for one revision.
+
+``{isvc}-weights`` holds one folder per revision, ``/weights/{rev}/<model>`` where the engine pods
+mount it read-only; while a revision's weights are not verified, the Job ``{isvc}-prepull-{rev}``
+runs `python -m folio.operator.prepull` (fetch and verify) with the cache mounted read-write. The
+hub token, when there is one, reaches this Job only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from folio.operator.k8s.names import cache_pvc_name, component_labels, prepull_job_name
+from folio.operator.prepull import CACHE_MOUNT, SOURCE_MOUNT, pvc_claim_and_path, weights_path
+from folio.operator.spec import CacheSpec, ModelSource
+
+Obj = dict[str, Any]
+
+
+def weights_pvc(
+    isvc: str,
+    namespace: str,
+    cache: CacheSpec,
+    *,
+    access_modes: tuple[str, ...] = ("ReadWriteOnce",),
+    owner: Obj | None = None,
+) -> Obj:
+    """The cache PVC ``{isvc}-weights``.
+
+    ReadWriteOnce suits one node (and kind); engine replicas spread over several nodes need a
+    class that offers ReadWriteMany, passed in ``access_modes``.
+    """
+    spec: Obj = {"accessModes": list(access_modes), "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(cache_pvc_name(isvc), namespace, component_labels(isvc, "cache"), owner),
+        "spec": spec,
+    }
+
+
+def prepull_job(
+    isvc: str,
+    namespace: str,
+    rev: str,
+    model: ModelSource,
+    *,
+    image: str,
+    owner: Obj | None = None,
+    backoff_limit: int = 2,
+) -> Obj:
+    """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it.
+
+    ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
+    InferenceService, so the Job goes with it.
+    """
+    args = ["--source", model.source, "--dest", weights_path(rev, model)]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.digest:
+        args += ["--digest", model.digest]
+    mounts: list[Obj] = [{"name": "weights", "mountPath": CACHE_MOUNT}]
+    volumes: list[Obj] = [{"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(isvc)}}]
+    if model.scheme == "pvc":
+        claim, _ = pvc_claim_and_path(model.source)
+        mounts.append({"name": "source", "mountPath": f"{SOURCE_MOUNT}/{claim}", "readOnly": True})
+        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    env: list[Obj] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if model.credentials_secret_ref is not None:  # the token reaches this Job only, as an env var
+        ref = model.credentials_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    container = {
+        "name": "prepull",
+        "image": image,
+        "command": ["python", "-m", "folio.operator.prepull"],
+        "args": args,
+        "env": env,
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+    }
+    labels = component_labels(isvc, "prepull", rev)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(prepull_job_name(isvc, rev), namespace, labels, owner),
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
+            },
+        },
+    }
+
+
+def _metadata(name: str, namespace: str, labels: dict[str, str], owner: Obj | None) -> Obj:
+    meta: Obj = {"name": name, "namespace": namespace, "labels": dict(labels)}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta

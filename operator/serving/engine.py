@@ -1,0 +1,150 @@
+"""The engine command line of a revision: the one place `folio serve`'s flags are decided.
+
+`serve_args` gives the whole command line, in a cluster's pods and in `folio up`'s processes alike:
+first what ties an engine to its revision and its place (the weights' path, the pin, the served
+name, where it listens), which the operator sets, then `spec.engine.args`.
+
+Those keys are the camelCase forms of the flags (`maxModelLen` → `--max-model-len`). What is
+allowed, and with which type, is read from `folio serve`'s own argument parser, so a flag added to
+the engine is usable from the spec at once and a removed one is refused. An unknown key or a value
+of the wrong type is a `PlanningError` that the operator reports in status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from folio.operator.serving.errors import PlanningError
+from folio.operator.spec import EngineArgValue, ModelSource
+
+ArgKind = Literal["int", "float", "str", "bool", "switch"]  # bool: --x/--no-x; switch: --x or nothing
+
+# Set by the operator from the spec and the cache layout; never from engine.args.
+OPERATOR_FLAGS = frozenset({"model", "digest", "servedModelName", "port", "host", "revision", "tokenizer"})
+
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+               "switch": "true or false"}
+
+
+def serve_args(
+    model: ModelSource, flags: Sequence[str], *, weights: str, served_name: str, host: str, port: int
+) -> list[str]:
+    """`folio serve`'s arguments for a revision pinned to ``model`` whose weights are at ``weights``;
+    ``flags`` are its `engine_flags`."""
+    # One served name for every revision: clients must not notice which one answers.
+    pinned = ["--model", weights, "--served-model-name", served_name, "--host", host, "--port", str(port)]
+    if model.revision:
+        pinned += ["--revision", model.revision]
+    if model.digest:
+        pinned += ["--digest", model.digest]
+    return [*pinned, *flags]
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: ArgKind
+    choices: tuple[Any, ...] | None = None
+
+
+def kebab(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", key).lower()
+
+
+def camel(flag: str) -> str:
+    head, *rest = flag.split("-")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+@functools.cache
+def engine_flags_table() -> Mapping[str, Flag]:
+    """The `folio serve` flags a spec may set, by camelCase key, read from its parser."""
+    from folio.engine import serve_cli  # argparse only: the engine's heavy imports stay in its main
+
+    parser = argparse.ArgumentParser(add_help=False)
+    serve_cli.add_arguments(parser)
+    return flags_of(parser)
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, Flag]:
+    table: dict[str, Flag] = {}
+    for action in parser._actions:  # argparse has no public accessor for its options
+        names = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
+        if not names or action.default == argparse.SUPPRESS:  # --help, --version and hidden flags
+            continue
+        key = camel(names[0][2:])
+        if key in OPERATOR_FLAGS:
+            continue
+        kind: ArgKind
+        if isinstance(action, argparse.BooleanOptionalAction):
+            kind = "bool"
+        elif action.nargs == 0:  # store_true
+            kind = "switch"
+        else:
+            kind = "int" if action.type is int else "float" if action.type is float else "str"
+        table[key] = Flag(kind, tuple(action.choices) if action.choices else None)
+    return table
+
+
+def engine_flags(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] | None = None) -> list[str]:
+    """The `folio serve` flags for `args`, in a stable order; raises `PlanningError` on bad input."""
+    table = engine_flags_table() if table is None else table
+    problems: list[str] = []
+    flags: list[str] = []
+    for key in sorted(args):
+        value, flag = args[key], table.get(key)
+        if key in OPERATOR_FLAGS:
+            problems.append(f"{key!r} is set by the operator from spec.model and cannot be overridden")
+        elif flag is None:
+            problems.append(f"unknown engine arg {key!r}")
+        elif not _fits(flag.kind, value):
+            problems.append(f"engine arg {key!r} must be {_TYPE_NAMES[flag.kind]}, got {value!r}")
+        elif flag.choices is not None and value not in flag.choices:
+            problems.append(f"engine arg {key!r} must be one of {_listing(flag.choices)}, got {value!r}")
+        elif flag.kind == "bool":
+            flags.append(f"--{kebab(key)}" if value else f"--no-{kebab(key)}")
+        elif flag.kind == "switch":
+            flags.extend([f"--{kebab(key)}"] if value else [])
+        else:
+            flags.extend([f"--{kebab(key)}", str(value)])
+    if problems:
+        raise PlanningError(
+            "InvalidEngineArgs", f"spec.engine.args: {'; '.join(problems)} (known args: {_listing(sorted(table))})"
+        )
+    _check_values(flags)
+    return flags
+
+
+def _check_values(flags: list[str]) -> None:
+    """Run `folio serve`'s own checks on the flags now, so that a value it would refuse (maxNumSeqs 0,
+    blockSize 3, kvCacheMemoryGib -1 ...) is a planning error naming the arg, not a crash-looping pod."""
+    from folio.engine import serve_cli
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    serve_cli.add_arguments(parser)
+    try:
+        serve_cli.check(parser.parse_args(["--model", "(planned)", *flags]))
+    except serve_cli.FlagError as exc:
+        raise PlanningError("InvalidEngineArgs", f"spec.engine.args.{camel(exc.dest.replace('_', '-'))}: {exc}") from None
+    except (argparse.ArgumentError, SystemExit) as exc:  # types were checked above; defensive only
+        raise PlanningError("InvalidEngineArgs", f"spec.engine.args: {exc}") from None
+
+
+def _fits(kind: ArgKind, value: EngineArgValue) -> bool:
+    if kind in ("bool", "switch"):
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # bool is an int in Python, never in a flag
+        return False
+    if kind == "int":
+        return isinstance(value, int)
+    if kind == "float":
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
+
+
+def _listing(items: Sequence[Any]) -> str:
+    return ", ".join(str(i) for i in items)

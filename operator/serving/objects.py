@@ -1,0 +1,281 @@
+"""A serving plan as Kubernetes objects, fully specified for server-side apply.
+
+Per running revision: an engine Deployment `{isvc}-{rev}` (zero replicas while its weights are not
+verified) and a headless Service of the same name, plus the pre-pull Job while those weights are
+pending. Per service: the weights cache PVC, the router (Deployment and Service named after the
+InferenceService, its ServiceAccount, Role and RoleBinding) and PodDisruptionBudgets. Pure: the
+same plan always gives the same objects, so drift repair is just "render again and apply".
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from folio.operator.k8s.names import (
+    ENGINE_PORT,
+    ROUTER_PORT,
+    ROUTER_SERVICE_PORT,
+    Component,
+    cache_pvc_name,
+    component_labels,
+    disruption_budget_name,
+    engine_name,
+    router_account_name,
+    router_name,
+    selector,
+)
+from folio.operator.prepull import CACHE_MOUNT
+from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.plan import RevisionPlan, ServingPlan
+from folio.operator.spec import (
+    API_VERSION,
+    DEFAULT_IMAGE,
+    GROUP,
+    KIND,
+    PLURAL,
+    InferenceServiceSpec,
+    ResourceRequirements,
+)
+
+Obj = dict[str, Any]
+
+# Loading a large model from a network volume can take many minutes: allow 20 before giving up.
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 120
+# preStop keeps a terminating pod in the endpoints long enough for routers to notice, then
+# SIGTERM makes the engine drain; the grace period covers long generations finishing.
+PRESTOP_SLEEP_S = 10
+ENGINE_GRACE_S = 120
+DEFAULT_SHUTDOWN_S = 30.0  # `folio serve --shutdown-timeout` default
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService the objects belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Operator-level choices that are not in the spec."""
+
+    image: str = DEFAULT_IMAGE  # the operator's own image: router and pre-pull run it
+    # Engines on several nodes read one cache: ReadWriteMany (ReadWriteOnce for a one-node cluster).
+    cache_access_modes: tuple[str, ...] = ("ReadWriteMany",)
+
+
+# ---------------------------------------------------------------------------- metadata
+
+
+def owner_reference(owner: Owner) -> Obj:
+    """Children go with their InferenceService (garbage collection) and point back to it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(owner: Owner, name: str, labels: dict[str, str]) -> Obj:
+    return {"name": name, "namespace": owner.namespace, "labels": dict(labels),
+            "ownerReferences": [owner_reference(owner)]}
+
+
+# ------------------------------------------------------------------------------ objects
+
+
+def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = None) -> list[Obj]:
+    """Every object the InferenceService should have right now."""
+    settings, spec = settings or PlanSettings(), serving.spec
+    ref = owner_reference(owner)
+    # The cache is kept even with nothing running: a revision coming back reuses its weights.
+    out: list[Obj] = [weights_pvc(owner.name, owner.namespace, spec.cache, access_modes=settings.cache_access_modes,
+                                  owner=ref)]
+    for rev in serving.revisions:
+        if rev.pull_weights:
+            out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref))
+        out.append(engine_deployment(owner, spec, rev))
+        out.append(engine_service(owner, rev.name))
+    out += router_objects(owner, spec, settings)
+    out += disruption_budgets(owner)
+    return out
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def grace_period(rev: RevisionPlan) -> int:
+    """Long enough for preStop plus the engine's own drain (`shutdownTimeout`), never below the default."""
+    drain = rev.args.get("shutdownTimeout", DEFAULT_SHUTDOWN_S)
+    drain_s = float(drain) if isinstance(drain, (int, float)) and not isinstance(drain, bool) else DEFAULT_SHUTDOWN_S
+    return max(ENGINE_GRACE_S, math.ceil(PRESTOP_SLEEP_S + drain_s + 10))
+
+
+def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPlan) -> Obj:
+    name = engine_name(owner.name, rev.name)
+    labels = component_labels(owner.name, "engine", rev.name)
+    container: Obj = {
+        "name": "engine",
+        "image": rev.image,
+        "command": ["folio", "serve"],
+        "args": rev.serve_args(),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "resources": _resources(spec.engine.resources),
+        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
+                         "failureThreshold": STARTUP_FAILURES, "timeoutSeconds": 5},
+        # /ready turns 503 while draining, so a terminating pod leaves the endpoints at once.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5,
+                           "failureThreshold": 2, "timeoutSeconds": 5},
+        # An engine whose step loop died exits on its own; this catches one that hangs, within 15 s.
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
+        "volumeMounts": [
+            {"name": "weights", "mountPath": CACHE_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    if spec.engine.env:
+        container["env"] = copy.deepcopy(spec.engine.env)
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False,  # engines never talk to the API
+        "terminationGracePeriodSeconds": grace_period(rev),
+        "containers": [container],
+        "volumes": [
+            {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(owner.name),
+                                                          "readOnly": True}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if spec.engine.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.engine.node_selector)
+    if spec.engine.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(spec.engine.tolerations)
+    if spec.engine.affinity:
+        pod_spec["affinity"] = copy.deepcopy(spec.engine.affinity)
+    if spec.engine.priority_class_name:
+        pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, name, labels),
+        "spec": {
+            "replicas": rev.replicas,  # none before the weights are verified in the cache
+            "selector": {"matchLabels": selector(owner.name, "engine", rev.name)},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }
+
+
+def engine_service(owner: Owner, revision: str) -> Obj:
+    """Headless: the router balances over the revision's pod endpoints itself."""
+    name = engine_name(owner.name, revision)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, name, component_labels(owner.name, "engine", revision)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(owner.name, "engine", revision),
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _resources(res: ResourceRequirements) -> Obj:
+    out: Obj = {}
+    if res.limits:
+        out["limits"] = {k: str(v) for k, v in res.limits.items()}
+    if res.requests:
+        out["requests"] = {k: str(v) for k, v in res.requests.items()}
+    return out
+
+
+# ----------------------------------------------------------------------------- router
+
+
+def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSettings) -> list[Obj]:
+    isvc, account = owner.name, router_account_name(owner.name)
+    labels = component_labels(isvc, "router")
+    rules: list[Obj] = [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    ]
+    secrets = sorted({ref.name for ref in [spec.overflow and spec.overflow.api_key_secret_ref] if ref})
+    if secrets:  # an empty resourceNames would mean every Secret
+        rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": secrets, "verbs": ["get"]})
+    container: Obj = {
+        "name": "router",
+        "image": spec.router.image or settings.image,
+        "command": ["folio", "router"],
+        "args": ["--name", isvc, "--kubernetes", "--namespace", owner.namespace, "--port", str(ROUTER_PORT)],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": _resources(spec.router.resources),
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(owner, account, labels),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(owner, account, labels),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(owner, account, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(owner, router_name(isvc), labels),
+            "spec": {
+                "replicas": spec.router.replicas,
+                "selector": {"matchLabels": selector(isvc, "router")},
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {"serviceAccountName": account, "containers": [container]},
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(owner, router_name(isvc), labels),
+            "spec": {
+                "selector": selector(isvc, "router"),
+                "ports": [{"name": "http", "port": ROUTER_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        },
+    ]
+
+
+def disruption_budgets(owner: Owner) -> list[Obj]:
+    """Voluntary evictions (node drains) take engine and router pods one at a time."""
+    components: tuple[Component, ...] = ("engine", "router")
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _meta(owner, disruption_budget_name(owner.name, c), component_labels(owner.name, c)),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner.name, c)}},
+        }
+        for c in components
+    ]

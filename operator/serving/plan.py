@@ -1,0 +1,145 @@
+"""The serving plan: what should run for an InferenceService now, for the operator and `folio up` alike.
+
+`plan(isvc, spec, status, placement, endpoints)` is pure. From the status (which revisions run, in
+which role, whether their weights are verified: `folio.operator.rollout` keeps it), the spec (what
+every revision shares: replicas, the served name, routing) and what was observed (each revision's
+ready endpoints) it gives a `ServingPlan`:
+
+- a `RevisionPlan` per running revision (Stable, Canary or Retiring; a Failed one runs nothing):
+  its replicas, none until its weights are verified, so that no engine starts before the weights
+  it must serve are in place; whether they still have to be pulled, and where to; its engine
+  command line (`folio.operator.serving.engine`);
+- the router config (`folio.operator.serving.router`).
+
+The two deployments differ only in their `Placement`: in a cluster every engine is a pod on
+0.0.0.0:8000 that reads `/weights/{rev}/<model>` from the cache volume; on this machine each
+replica is a process on its own loopback port, with the cache in the state folder.
+`folio.operator.serving.objects` renders a plan as Kubernetes objects for the operator's executor;
+`folio up`'s runtime runs it as processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from folio.operator import prepull
+from folio.operator.k8s.names import ENGINE_PORT
+from folio.operator.router.config import RouterConfig
+from folio.operator.serving import engine
+from folio.operator.serving.errors import PlanningError
+from folio.operator.serving.router import router_config
+from folio.operator.spec import (
+    EngineArgValue,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    ModelSource,
+    RevisionRole,
+)
+
+RUNNING_ROLES: tuple[RevisionRole, ...] = ("Stable", "Canary", "Retiring")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where engines listen and find their weights."""
+
+    weights_root: str
+    host: str
+    port: int | None  # the same for every engine (one pod each), or None: a port per replica
+
+    @classmethod
+    def cluster(cls) -> Placement:
+        return cls(weights_root=prepull.CACHE_MOUNT, host="0.0.0.0", port=ENGINE_PORT)
+
+    @classmethod
+    def this_machine(cls, cache_dir: Path) -> Placement:
+        return cls(weights_root=str(cache_dir), host="127.0.0.1", port=None)
+
+
+@dataclass(frozen=True)
+class RevisionPlan:
+    """One running revision: how many engines, from which weights, with which command line."""
+
+    name: str
+    role: RevisionRole
+    model: ModelSource
+    image: str
+    args: Mapping[str, EngineArgValue]  # its spec.engine.args
+    flags: tuple[str, ...]  # ... as `folio serve` flags
+    replicas: int
+    pull_weights: bool  # not verified yet: a pre-pull fills `weights`, and no engine runs
+    weights: str  # where the pre-pull puts the verified weights and the engines read them
+    served_name: str
+    host: str
+    port: int | None
+
+    def serve_args(self, port: int | None = None) -> list[str]:
+        """The arguments of `folio serve` for one replica (``port``: where a `folio up` replica listens)."""
+        listen = self.port if port is None else port
+        assert listen is not None, "a per-replica placement needs the replica's port"
+        return engine.serve_args(self.model, self.flags, weights=self.weights, served_name=self.served_name,
+                                 host=self.host, port=listen)
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    isvc: str
+    revisions: tuple[RevisionPlan, ...]
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus
+    endpoints: Mapping[str, Sequence[str]]
+
+    def revision(self, name: str) -> RevisionPlan | None:
+        return next((r for r in self.revisions if r.name == name), None)
+
+    @functools.cached_property
+    def router(self) -> RouterConfig:
+        """The router's config (worked out on first use: a cluster's routers derive it themselves).
+
+        Raises `folio.operator.router.config.ConfigError` when the spec's overflow URL is unusable.
+        """
+        return router_config(self.spec, self.status, self.endpoints)
+
+
+def plan(
+    isvc: str,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    placement: Placement,
+    endpoints: Mapping[str, Sequence[str]] | None = None,
+) -> ServingPlan:
+    """What should run now; raises `PlanningError` when a running revision's engine args are invalid."""
+    served_name = spec.model.served_name or isvc
+    revisions = tuple(
+        RevisionPlan(
+            name=rev.name,
+            role=rev.role,
+            model=rev.model,
+            image=rev.image,
+            args=dict(rev.args),
+            flags=tuple(engine.engine_flags(rev.args)),
+            replicas=spec.replicas if rev.weights_ready else 0,
+            pull_weights=not rev.weights_ready,
+            weights=prepull.weights_path(rev.name, rev.model, root=placement.weights_root),
+            served_name=served_name,
+            host=placement.host,
+            port=placement.port,
+        )
+        for rev in status.revisions
+        if rev.role in RUNNING_ROLES
+    )
+    return ServingPlan(isvc, revisions, spec, status, dict(endpoints or {}))
+
+
+def validate(spec: InferenceServiceSpec) -> None:
+    """Raise `PlanningError` when the spec's own revision could not be planned."""
+    engine.engine_flags(spec.engine.args)
+    try:
+        prepull.model_dir_name(spec.model)
+        if spec.model.scheme == "pvc":
+            prepull.pvc_claim_and_path(spec.model.source)
+    except prepull.WeightsError as exc:
+        raise PlanningError("InvalidModelSource", f"spec.model.source: {exc}") from exc

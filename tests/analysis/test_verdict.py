@@ -1,0 +1,24 @@
+"""The canary verdict: figures held to the spec's thresholds."""
+
+from __future__ import annotations
+
+from folio.operator.analysis.verdict import judge
+from folio.operator.analysis.windows import Figures
+from folio.operator.spec import AnalysisSpec
+from tests.rollout.helpers import T0
+
+SPEC = AnalysisSpec(minRequests=50, maxErrorRate=0.05, maxLatencyP99IncreaseMs=50, maxTimeToFirstTokenP95Ms=500)
+
+
+def test_verdicts_and_their_reasons() -> None:
+    ok = Figures(requests=100, errors=1, latency_p99_ms=130, stable_latency_p99_ms=100, ttft_p95_ms=200)
+    assert judge(ok, SPEC, T0).verdict == "Pass"
+    few = Figures(requests=49, errors=49, latency_p99_ms=None, stable_latency_p99_ms=None, ttft_p95_ms=None)
+    inconclusive = judge(few, SPEC, T0)
+    assert inconclusive.verdict == "Inconclusive"
+    assert inconclusive.reasons == ["only 49 canary requests in the interval (minRequests 50)"]
+    slow_ttft = Figures(requests=100, errors=0, latency_p99_ms=100, stable_latency_p99_ms=100, ttft_p95_ms=800)
+    failed = judge(slow_ttft, SPEC, T0)
+    assert failed.verdict == "Fail"
+    assert failed.reasons == ["TTFT p95 800 ms exceeds maxTimeToFirstTokenP95Ms 500"]
+    assert failed.at == "2026-03-01T12:00:00Z"

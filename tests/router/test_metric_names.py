@@ -1,0 +1,34 @@
+"""The router's metric names: the contract DESIGN.md publishes, in the one module everything imports."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from folio.operator.router import metric_names as m
+from folio.operator.router.metrics import RouterMetrics
+
+
+def test_the_names_are_the_published_ones() -> None:
+    assert (m.REQUESTS, m.DURATION, m.TTFT, m.WEIGHT) == (
+        "folio_router_requests_total",
+        "folio_router_request_duration_seconds",
+        "folio_router_time_to_first_token_seconds",
+        "folio_router_traffic_weight",
+    )
+
+
+def test_the_router_exports_every_name_with_its_labels() -> None:
+    metrics = RouterMetrics("chat")
+    metrics.attempt_started("r1")
+    metrics.attempt_finished("r1", "503", 0.2)
+    metrics.first_byte("r1", 0.1)
+    metrics.retry("r1", "r2")
+    metrics.shadowed("r2", "200", 0.1)
+    metrics.set_weights({"r1": 100})
+    samples = {s.name: s.labels for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    for name in (m.REQUESTS, f"{m.DURATION}_bucket", f"{m.TTFT}_bucket", m.WEIGHT, m.RETRIES, m.SHADOW_REQUESTS,
+                 f"{m.SHADOW_DURATION}_bucket", m.IN_FLIGHT):
+        assert name in samples, name
+        assert samples[name][m.ISVC] == "chat"
+    assert samples[m.REQUESTS] == {m.ISVC: "chat", m.REVISION: "r1", m.CODE: "503"}
+    assert m.is_error("503") and m.is_error("error") and not m.is_error("429") and not m.is_error("200")

@@ -1,0 +1,48 @@
+"""The router config, decided once from typed status for the cluster's routers and `folio up`'s."""
+
+from __future__ import annotations
+
+from folio.operator.router.config import RouterConfig
+from folio.operator.serving.router import routable, router_config
+from folio.operator.spec import CanaryStatus, InferenceServiceStatus, TrafficTarget
+from tests.serving.helpers import make_spec
+
+
+def status(*weights: tuple[str, int], stable: str = "s1", canary: str | None = None) -> InferenceServiceStatus:
+    return InferenceServiceStatus(
+        stable_revision=stable, canary_revision=canary, canary=CanaryStatus() if canary else None,
+        traffic=[TrafficTarget(revision=r, weight=w) for r, w in weights],
+    )  # fmt: skip
+
+
+def test_traffic_stable_canary_and_the_endpoints_of_routable_revisions() -> None:
+    st = status(("s1", 90), ("c1", 10), canary="c1")
+    endpoints = {"s1": ["http://10.0.0.1:8000"], "c1": ["http://10.0.0.2:8000"], "old": ["http://10.0.0.3:8000"]}
+    cfg = router_config(make_spec(shadow={"percent": 5}), st, endpoints, overflow_api_key="sk-1")
+    assert [(t.revision, t.weight) for t in cfg.traffic] == [("s1", 90), ("c1", 10)]
+    assert (cfg.stable_revision, cfg.canary_revision) == ("s1", "c1")
+    assert cfg.endpoints == {"c1": ["http://10.0.0.2:8000"], "s1": ["http://10.0.0.1:8000"]}, "not a retiring one"
+    assert cfg.shadow_fraction == 0.05
+    assert cfg.overflow is not None and (cfg.overflow.url, cfg.overflow.api_key) == ("https://overflow.example", "sk-1")
+
+
+def test_a_canary_without_traffic_is_still_named() -> None:
+    """Both runtimes name the canary, so shadow copies go to it before its first step (as in a cluster)."""
+    st = status(("s1", 100), canary="c1")
+    cfg = router_config(None, st, {"c1": ["http://127.0.0.1:9002"]})
+    assert cfg.canary_revision == "c1" and cfg.endpoints == {"c1": ["http://127.0.0.1:9002"], "s1": []}
+    assert cfg.overflow is None and cfg.shadow is None  # no spec to read them from
+    assert routable(st) == ["c1", "s1"]
+
+
+def test_the_canary_serves_only_with_a_positive_weight() -> None:
+    assert status(("s1", 90), ("c1", 10), canary="c1").serving_canary == "c1"
+    assert status(("s1", 100), canary="c1").serving_canary is None
+    assert status(("s1", 100), ("c1", 0), canary="c1").serving_canary is None
+    assert status(("s1", 100)).serving_canary is None
+
+
+def test_the_wire_form_is_what_the_file_source_reads() -> None:
+    cfg = router_config(make_spec(), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
+    assert RouterConfig.parse(cfg.to_wire()) == cfg
+    assert set(cfg.to_wire()) == {"traffic", "endpoints", "stable", "canary", "overflow"}

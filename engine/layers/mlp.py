@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.engine.layers.linear import linear
 from folio.engine.layers.weights import CheckpointNames, empty_param
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -33,8 +34,8 @@ class GatedMLP(nn.Module):
         self.down_weight = empty_param(hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return F.linear(self.act(gate).mul_(up), self.down_weight)
+        gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return linear(self.act(gate).mul_(up), self.down_weight)
 
     def checkpoint_names(self) -> CheckpointNames:
         i = self.intermediate_size

@@ -14,9 +14,9 @@ per-expert ``index_add_``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from folio.engine.layers.linear import linear
 from folio.engine.layers.mlp import activation
 from folio.engine.layers.weights import CheckpointNames, empty_param
 
@@ -48,7 +48,7 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k] ascending per token, their weights [T, k] float32)."""
-        probs = torch.softmax(F.linear(x, self.router_weight), dim=-1, dtype=torch.float32)
+        probs = torch.softmax(linear(x, self.router_weight), dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize_top_k:
             weights /= weights.sum(dim=-1, keepdim=True)
@@ -68,8 +68,8 @@ class SparseMoE(nn.Module):
         start = 0
         for e, n in enumerate(counts):
             if n:
-                gate, up = F.linear(rows[start : start + n], self.gate_up_weight[e]).chunk(2, dim=-1)
-                out[start : start + n] = F.linear(self.act(gate).mul_(up), self.down_weight[e])
+                gate, up = linear(rows[start : start + n], self.gate_up_weight[e]).chunk(2, dim=-1)
+                out[start : start + n] = linear(self.act(gate).mul_(up), self.down_weight[e])
                 start += n
         pair_out = torch.empty_like(out)
         pair_out[order] = (out * weights.flatten()[order, None]).to(x.dtype)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from folio.engine.layers.attention import paged_attention
 from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.linear import linear
 from folio.engine.layers.rotary import RotaryEmbedding, rotate
 from folio.engine.layers.weights import CheckpointNames, empty_param
 
@@ -49,7 +49,7 @@ class SelfAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         ctx: AttentionContext,
     ) -> torch.Tensor:
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q_end, k_end = self.q_size, self.q_size + self.kv_size
         v = qkv[:, k_end:].view(-1, self.num_kv_heads, self.head_dim)
         cos_sin = ctx.rope_cos_sin.get(self.rotary)
@@ -63,7 +63,7 @@ class SelfAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary(positions, q, k, cos_sin)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx, self.scale, self.window)
-        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+        return linear(o.reshape(-1, self.q_size), self.o_weight)
 
     def checkpoint_names(self) -> CheckpointNames:
         """Checkpoint tensors (names relative to this block) and where they go: separate q/k/v projections

@@ -15,6 +15,7 @@ from torch import nn
 
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.linear import ONEDNN, linear
 from folio.engine.layers.moe import SparseMoE
 from folio.engine.layers.norm import RMSNorm
 from folio.engine.layers.rotary import RotaryEmbedding
@@ -103,7 +104,7 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     # --- device placement -----------------------------------------------------------------------------
 
@@ -116,7 +117,12 @@ class DecoderLM(nn.Module):
         sizes is a large share of the work (bench/cpu_paths.py: 1.03-1.25x per projection, bit-identical).
         The embedding table stays row-major for its row lookups, and so does the LM head, which measured
         no faster (a wide [vocab, hidden] matrix).
+
+        Only where oneDNN is missing: float32 CPU projections go to oneDNN's matmul
+        (`folio.engine.layers.linear`), which is faster still and as fast on the row-major weights.
         """
+        if ONEDNN:
+            return
         for layer in self.layers:
             for param in layer.parameters():
                 if param.dim() >= 2:

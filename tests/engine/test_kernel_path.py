@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from folio.engine import LLM, SamplingParams
+from folio.engine.layers import linear
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -50,8 +52,9 @@ def test_native_cpu_decode_matches_the_gather_path(tiny_variant) -> None:
     assert native == gathered
 
 
-def test_float32_cpu_weights_are_column_major_and_change_no_token(tiny_variant) -> None:
-    """MKL reads a contiguous transposed weight as is: the runner stores projections that way (float32, CPU)."""
+def test_float32_cpu_projections_change_no_token(tiny_variant, monkeypatch) -> None:
+    """float32 CPU projections run on oneDNN's matmul over the row-major weights (where torch has oneDNN),
+    else on MKL with the weights stored column-major: either way the tokens of plain row-major `F.linear`."""
     path: Path = tiny_variant("llama-gqa2")
     prompts = [[5, 9, 200, 31, 7], list(range(3, 40))]
     llm = LLM(str(path))
@@ -59,9 +62,23 @@ def test_float32_cpu_weights_are_column_major_and_change_no_token(tiny_variant) 
     layer = model.layers[0]
     for weight in (layer.self_attn.qkv_weight, layer.self_attn.o_weight, layer.mlp.gate_up_weight,
                    layer.mlp.down_weight):
-        assert weight.t().is_contiguous() and not weight.is_contiguous()
+        assert weight.is_contiguous() if linear.ONEDNN else weight.t().is_contiguous()
     assert model.embed_tokens.is_contiguous()  # row lookups stay on rows
-    column_major = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    fast = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    monkeypatch.setattr(linear, "ONEDNN", False)
     for param in model.parameters():
         param.data = param.data.contiguous()
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == column_major
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == fast
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_matches_f_linear(dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 32, generator=g).to(dtype)
+    bias = torch.randn(48, generator=g).to(dtype)
+    x = torch.randn(7, 64, generator=g).to(dtype)[:, ::2]  # a strided input, as chunk() views are
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0, "rtol": 0}
+    torch.testing.assert_close(linear.linear(x, weight, bias), F.linear(x, weight, bias), **tol)
+    torch.testing.assert_close(linear.linear(x, weight), F.linear(x, weight), **tol)
+    torch.testing.assert_close(linear.linear(x, weight.t().contiguous().t()), F.linear(x, weight), **tol)
+    assert linear.linear(x[:0], weight).shape == (0, 48)

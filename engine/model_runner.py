@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
 from folio.engine.models.base import DecoderLM
@@ -23,14 +24,6 @@ if TYPE_CHECKING:
 # splitting the decodes into a few buckets of similar length cuts that padding at the cost of more calls.
 _MAX_DECODE_BUCKETS = 16
 _MIN_DECODE_BUCKET = 4
-
-
-def block_table_tensor(items: list[ScheduledSeq], lens: list[int], block_size: int, device: torch.device) -> torch.Tensor:
-    """The items' block tables as int32 ``[len(items), blocks of the longest context]``, padded with block 0
-    (entries past a context are never read, so any valid id will do)."""
-    width = -(-max(lens) // block_size)
-    tables = [item.seq.block_table[:width] for item in items]
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
 
 
 @dataclass
@@ -108,6 +101,7 @@ class ModelRunner:
             cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device
         )
         self.sampler = Sampler(seed, device)
+        self.block_tables = BlockTables(block_size, device)
         self.use_kernels = device.type == "cuda"
         model.use_kernels(self.use_kernels)
         if device.type == "cpu" and dtype == torch.float32:
@@ -152,7 +146,7 @@ class ModelRunner:
     ) -> None:
         bs = self.block_size
         if self.native_decode:  # the C kernel reads the paged cache in place: block tables, no gathering
-            ctx.decode_block_tables = block_table_tensor(decodes, lens, bs, self.device)
+            ctx.decode_block_tables = self.block_tables.tensor(decodes, lens)
             ctx.decode_context_lens = torch.tensor(lens, dtype=torch.int32)
             return
         num_buckets = max(1, min(_MAX_DECODE_BUCKETS, len(decodes) // _MIN_DECODE_BUCKET))
@@ -184,7 +178,7 @@ class ModelRunner:
         lens = inputs.context_lens
         ctx.use_kernels = True
         ctx.max_context_len = max(lens)
-        ctx.block_tables = block_table_tensor(inputs.ordered, lens, self.block_size, self.device)
+        ctx.block_tables = self.block_tables.tensor(inputs.ordered, lens)
         ctx.context_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
         cu = [0, *itertools.accumulate(s.num_tokens for s in inputs.ordered)]
         ctx.cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device=self.device)
@@ -230,7 +224,7 @@ class ModelRunner:
             torch.tensor(inputs.input_ids, dtype=torch.long),
             torch.tensor(inputs.positions, dtype=torch.long),
             torch.tensor(inputs.slots, dtype=torch.long),
-            block_table_tensor(inputs.ordered, inputs.context_lens, self.block_size, torch.device("cpu")),
+            self.block_tables.host(inputs.ordered, inputs.context_lens),
             torch.tensor(inputs.context_lens, dtype=torch.int32),
         )
         rows = inputs.logit_rows  # one row per decode: the rows of those that sample

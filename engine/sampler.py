@@ -59,31 +59,36 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Repetition, frequency and presence penalties for every penalised row at once: the token ids go
+        over in one padded copy per kind (non-blocking from pinned memory on CUDA), then a few batched ops."""
         rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if not rows:
             return logits
-        logits = logits.clone()
         vocab = logits.shape[1]
-        for i in rows:  # one vectorised update per penalised sequence
-            p = seqs[i].params
-            row = logits[i]
-            out_ids = torch.tensor(seqs[i].output_token_ids, dtype=torch.long, device=logits.device)
-            out_ids = out_ids[out_ids < vocab]
-            counts = torch.zeros(vocab, device=logits.device).scatter_add_(0, out_ids, torch.ones_like(out_ids, dtype=torch.float))
-            if p.repetition_penalty != 1.0:
-                seen = counts > 0
-                prompt = torch.tensor(seqs[i].prompt_token_ids, dtype=torch.long, device=logits.device)
-                seen[prompt[prompt < vocab]] = True
-                penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
-                row = torch.where(seen, penalised, row)
-            row = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
-            logits[i] = row
+        device = logits.device
+        params = [seqs[i].params for i in rows]
+        # ids past the vocabulary (and the padding) land in one extra column, dropped afterwards
+        outputs = _padded([seqs[i].output_token_ids for i in rows], vocab, device)
+        prompts = _padded([seqs[i].prompt_token_ids for i in rows], vocab, device)
+        factors = _to_device(torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
+                                           for p in params], dtype=logits.dtype), device)
+        rep, freq, presence = factors[:, 0:1], factors[:, 1:2], factors[:, 2:3]
+        counts = torch.zeros(len(rows), vocab + 1, dtype=logits.dtype, device=device)
+        counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=logits.dtype))
+        counts = counts[:, :vocab]
+        seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=device)
+        seen.scatter_(1, prompts, True)
+        seen = seen[:, :vocab] | (counts > 0)
+        index = _to_device(torch.tensor(rows, dtype=torch.long), device)
+        picked = logits.index_select(0, index)
+        penalised = torch.where(picked > 0, picked / rep, picked * rep)   # rep 1.0 leaves a row as it is
+        picked = torch.where(seen, penalised, picked) - freq * counts - presence * (counts > 0).to(logits.dtype)
         # a penalty near 0 divides a logit past float32's range; inf - inf would make the softmax NaN
-        return logits.clamp_(-_FLOAT32_MAX, _FLOAT32_MAX)
+        return logits.index_copy(0, index, picked.clamp_(-_FLOAT32_MAX, _FLOAT32_MAX))
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
         device = logits.device
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=device).unsqueeze(1)
+        temps = _to_device(torch.tensor([s.params.temperature or 1.0 for s in seqs]), device).unsqueeze(1)
         probs = torch.softmax((logits / temps).clamp_(-_FLOAT32_MAX, _FLOAT32_MAX), dim=-1)
         top_k = [s.params.top_k for s in seqs]
         top_p = [s.params.top_p for s in seqs]
@@ -91,7 +96,7 @@ class Sampler:
         if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
             probs = _top_k_top_p(probs, top_k, top_p)
         if any(m > 0 for m in min_p):
-            mp = torch.tensor(min_p, device=device).unsqueeze(1)
+            mp = _to_device(torch.tensor(min_p), device).unsqueeze(1)
             probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
         # Exponential race (argmax of p / E with E ~ Exp(1)) samples from p and needs one draw per token.
         noise = torch.empty_like(probs)
@@ -110,14 +115,36 @@ class Sampler:
         return tokens
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a host sync (pinned, non-blocking) when that is a GPU."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _padded(id_lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """``[len(id_lists), longest]`` int64 of the ids, padded and clamped to ``pad``."""
+    width = max(1, max(len(ids) for ids in id_lists))
+    host = torch.full((len(id_lists), width), pad, dtype=torch.long)
+    for row, ids in enumerate(id_lists):
+        if ids:
+            host[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return _to_device(host.clamp_(0, pad), device)
+
+
 def _top_k_top_p(probs: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
     vocab = probs.shape[1]
-    ranks = torch.arange(vocab, device=probs.device).unsqueeze(0)
     # any k beyond the vocabulary (up to int64's limit, which the request allows) keeps every token
-    k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=probs.device).unsqueeze(1)
+    ks = [min(k, vocab) if k > 0 else vocab for k in top_k]
+    widest = max(ks)
+    if widest < vocab:  # every row has a top-k: only the widest k candidates need ordering, not the vocabulary
+        sorted_probs, order = probs.topk(widest, dim=-1)
+    else:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(sorted_probs.shape[1], device=probs.device).unsqueeze(0)
+    k = _to_device(torch.tensor(ks), probs.device).unsqueeze(1)
     drop = ranks >= k
-    p = torch.tensor(top_p, device=probs.device).unsqueeze(1)
+    p = _to_device(torch.tensor(top_p, dtype=probs.dtype), probs.device).unsqueeze(1)
     # keep the smallest prefix whose mass reaches p (the token that crosses p stays)
     drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)

@@ -7,6 +7,13 @@ keeps an online softmax in base 2. With one split it writes the output directly;
 a normalized partial output and its log-sum-exp, and ``_merge_kernel`` combines the splits. With a
 sliding window W the walk covers the last W tokens only (``window`` 0: the whole context), and the splits
 divide that range.
+
+Each sequence divides its own context among the splits (``cdiv(context, NUM_SPLITS)``, as SGLang's and
+lightllm's stage-1 kernels do), at most one split per ``MIN_SPLIT`` tokens: the host's bound on the
+context (max_model_len under CUDA graphs) only caps the split count, so a 4k context under a 128k bound
+still spreads over every split instead of landing whole in the first. Split counts the host picks are
+powers of two, and the arguments whose values vary from step to step are not specialized on, so a
+growing context does not recompile the kernels.
 """
 
 from __future__ import annotations
@@ -25,15 +32,16 @@ MIN_SPLIT_TOKENS = 256       # below this a split's fixed cost outweighs the par
 MAX_SPLITS = 32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "stride_bt"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, split_tokens, window,
+    scale_log2, window,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_kb, stride_kt, stride_kh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -42,6 +50,10 @@ def _decode_kernel(
 
     ctx = tl.load(context_lens_ptr + seq)
     first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)  # the first token the query sees
+    span = ctx - first
+    # This sequence's splits: whole tiles, so that only its last tile is ragged; splits past them are empty.
+    active = tl.maximum(tl.minimum((span + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
+    split_tokens = ((span + active - 1) // active + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = first + split * split_tokens
     end = tl.minimum(start + split_tokens, ctx)
 
@@ -126,7 +138,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_context_len: int, device: t
         return 1
     wanted = triton.cdiv(2 * sms, programs)
     useful = triton.cdiv(max(max_context_len, 1), MIN_SPLIT_TOKENS)
-    return max(1, min(wanted, useful, MAX_SPLITS))
+    # a power of two: a handful of kernel variants over every batch size and bound, not one per count
+    return min(triton.next_power_of_2(max(1, min(wanted, useful))), MAX_SPLITS)
 
 
 def decode_attention_triton(
@@ -135,15 +148,25 @@ def decode_attention_triton(
     window: int | None = None,
 ) -> torch.Tensor:
     """Launches on inputs checked by ``folio.kernels.decode_attention.paged_decode_attention``."""
+    return launch_decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len=max_context_len,
+                         num_splits=num_splits, window=window)[0]
+
+
+def launch_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, *, max_context_len: int, num_splits: int | None,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output and, with several splits, each split's log-sum-exp ``[batch, heads, splits]`` (-inf where
+    a split read no token: what the tests count the programs that worked by)."""
     ensure_launchable(_decode_kernel, q.device)
     batch, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
     attended = max_context_len if window is None else min(max_context_len, window)  # tokens one query reads
+    forced = num_splits is not None
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, attended, q.device)
-    # Splits are whole tiles so that only a sequence's last tile is ragged.
-    split_tokens = triton.cdiv(triton.cdiv(max(attended, 1), num_splits), BLOCK_N) * BLOCK_N
     out = torch.empty_like(q)
     if num_splits > 1:
         part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -153,12 +176,13 @@ def decode_attention_triton(
     block_d = triton.next_power_of_2(head_dim)
     _decode_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * LOG2E, split_tokens, window or 0,
+        scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        MIN_SPLIT=BLOCK_N if forced else MIN_SPLIT_TOKENS,  # a forced count is used whole (tests, benchmarks)
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
@@ -167,4 +191,5 @@ def decode_attention_triton(
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
         )
-    return out
+        return out, part_lse
+    return out, None

@@ -118,7 +118,9 @@ def prefill_attention_triton(
     _, page, kv_heads, _ = k_cache.shape
     batch = cu_seqlens_q.shape[0] - 1
     group = num_heads // kv_heads
-    block_m = max(BLOCK_M, triton.next_power_of_2(group))
+    # float32 operands past head_dim 64 need half the tile: 128 x 64 spills there (255 registers, 840 B).
+    small = q.dtype == torch.float32 and head_dim > 64
+    block_m = max(BLOCK_M // 2 if small else BLOCK_M, triton.next_power_of_2(group))
     block_q = block_m // group
     out = torch.empty_like(q)
     grid = (num_tokens // block_q + batch, kv_heads)
@@ -128,7 +130,7 @@ def prefill_attention_triton(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_Q=block_q, BLOCK_M=block_m,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=BLOCK_N,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=BLOCK_N // 2 if small else BLOCK_N,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Hopper-friendly shapes (as in Triton's flash-attention tutorial); 4 warps would spill registers
         # at head_dim 128 or with float32 operands.

@@ -94,10 +94,24 @@ def _kernel_attention(
     window: int | None,
 ) -> torch.Tensor:
     store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
-    if ctx.prefills:  # the prefill kernel covers decode rows too (one query each)
-        return paged_prefill_attention(
-            q, k_cache, v_cache, ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables, scale, window=window
+    if ctx.prefills:
+        # Decode rows (after the prefill chunks) go to the decode kernel: in the prefill kernel's query tile
+        # a one-token query fills GROUP of its 128 rows, with no split-K.
+        p, t = len(ctx.prefills), ctx.num_prefill_tokens
+        assert ctx.block_tables is not None and ctx.context_lens is not None and ctx.cu_seqlens_q is not None
+        prefill = paged_prefill_attention(
+            q[:t], k_cache, v_cache, ctx.cu_seqlens_q[: p + 1], ctx.context_lens[:p], ctx.block_tables[:p], scale,
+            window=window,
         )
+        if t == q.shape[0]:
+            return prefill
+        out = torch.empty_like(q)
+        out[:t] = prefill
+        out[t:] = paged_decode_attention(
+            q[t:], k_cache, v_cache, ctx.block_tables[p:], ctx.context_lens[p:], scale,
+            max_context_len=ctx.max_context_len, window=window,
+        )
+        return out
     return paged_decode_attention(
         q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, max_context_len=ctx.max_context_len,
         window=window,

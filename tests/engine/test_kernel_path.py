@@ -7,6 +7,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,39 @@ def test_linear_matches_f_linear(dtype) -> None:
     torch.testing.assert_close(linear.linear(x, weight), F.linear(x, weight), **tol)
     torch.testing.assert_close(linear.linear(x, weight.t().contiguous().t()), F.linear(x, weight), **tol)
     assert linear.linear(x[:0], weight).shape == (0, 48)
+
+
+
+
+def test_mixed_steps_send_decode_rows_to_the_decode_kernel(tiny_variant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With chunked prefill, a step's decode rows go through the decode kernel (split-K, a tile sized for
+    one query), not through the prefill kernel's 128-row query tile."""
+    from folio.engine.layers import attention
+
+    calls: list[tuple[str, int, int]] = []  # kernel, query rows, sequences
+    real_prefill, real_decode = attention.paged_prefill_attention, attention.paged_decode_attention
+
+    def prefill(q, k_cache, v_cache, cu, lens, *args, **kwargs):
+        calls.append(("prefill", q.shape[0], lens.shape[0]))
+        assert int(cu[-1]) == q.shape[0]  # the prefill rows, nothing else
+        return real_prefill(q, k_cache, v_cache, cu, lens, *args, **kwargs)
+
+    def decode(q, k_cache, v_cache, tables, lens, *args, **kwargs):
+        calls.append(("decode", q.shape[0], lens.shape[0]))
+        return real_decode(q, k_cache, v_cache, tables, lens, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "paged_prefill_attention", prefill)
+    monkeypatch.setattr(attention, "paged_decode_attention", decode)
+    llm = LLM(str(tiny_variant("llama-gqa3-tied")), max_num_batched_tokens=16, enable_prefix_caching=False)
+    expected = [o.outputs[0].token_ids for o in llm.generate([[5] * 3, [6] * 40], GREEDY)]
+    runner = llm.llm_engine.runner
+    runner.use_kernels = True
+    runner.model.use_kernels(True)
+    calls.clear()
+    got = [o.outputs[0].token_ids for o in llm.generate([[5] * 3, [6] * 40], GREEDY)]
+    assert got == expected
+    # the 40-token prompt is prefilled in chunks while the 3-token one decodes: mixed steps
+    # (a layer of such a step calls the prefill kernel for the 40-token prompt's chunk alone, then the decode
+    # kernel for the other's one token)
+    assert any(a == "prefill" and a_seqs == 1 and a_rows > 1 and b == "decode" and b_rows == b_seqs == 1
+               for (a, a_rows, a_seqs), (b, b_rows, b_seqs) in itertools.pairwise(calls)), calls

@@ -96,6 +96,10 @@ def main() -> int:
     q32 = torch.zeros(4, 6, 64)
     paged_decode_attention(q32, k32, k32.clone(), tables, lens, 0.1, num_splits=1, backend="triton")
     paged_prefill_attention(q32, k32, k32.clone(), cu, lens, tables, 0.1, backend="triton")
+    # float32 at head_dim 128 with GQA 4 (the engine's --dtype float32 on Llama-3 shapes): its own smaller tile.
+    k32_128 = torch.zeros(8, 16, 2, 128)
+    paged_prefill_attention(torch.zeros(4, 8, 128), k32_128, k32_128.clone(), cu, lens, tables, 0.1,
+                            backend="triton")
     x = torch.zeros(4, 4096, dtype=bf16)
     w = torch.ones(4096, dtype=bf16)
     rms_norm(x, w, 1e-5, backend="triton")

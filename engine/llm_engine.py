@@ -114,8 +114,11 @@ class LLMEngine:
 
     # --- requests ---------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Validate and queue a request; raises ValueError (queueing nothing) on bad input."""
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+    ) -> None:
+        """Validate and queue a request; raises ValueError (queueing nothing) on bad input. ``group`` names
+        the client request it is one sequence of (the scheduler queues groups fairly); default: its own."""
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -149,6 +152,7 @@ class LLMEngine:
                 f"{params.max_tokens}) but the cache holds only {capacity} tokens; lower max_tokens or the prompt"
             )
         seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids)
+        seq.group = group or request_id
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device)
             seq.generator.manual_seed(params.seed)

@@ -2,7 +2,10 @@
 
 Each step has a token budget (``max_num_batched_tokens``). Running sequences go first, so decoding never
 waits behind a long prompt; a prompt larger than what is left of the budget is prefilled in chunks over
-several steps. Waiting requests join between steps while the budget, ``max_num_seqs`` and free KV blocks
+several steps. The waiting queue is fair between client requests: a request's k-th waiting sequence
+takes the k-th turn from the queue's head on, so one request of 512 sequences does not go first in
+whole while others wait behind it; sequences of one request, and turns, keep arrival order. Waiting
+requests join between steps while the budget, ``max_num_seqs`` and free KV blocks
 allow. When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it returns to the head of the queue, to be recomputed later.
 
@@ -15,7 +18,7 @@ to `fail` instead, which finishes its sequences with the reason "error".
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,12 +56,21 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._waiting_in_group: Counter[str] = Counter()
         self.num_preemptions_total = 0
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue ``seq`` at its group's next turn: after every waiting sequence of an earlier or the same
+        turn, before those of later turns (round-robin between the requests that wait)."""
+        head = self.waiting[0].round if self.waiting else 0
+        seq.round = head + self._waiting_in_group[seq.group]
+        self._waiting_in_group[seq.group] += 1
+        i = len(self.waiting)
+        while i > 0 and self.waiting[i - 1].round > seq.round:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -95,7 +107,7 @@ class Scheduler:
                 n = budget
             if not self.block_manager.allocate(seq, n, cached):
                 break
-            self.waiting.popleft()
+            self._leave_waiting(self.waiting.popleft())
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -109,7 +121,10 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
+        if self.waiting:  # back at the head: its turn is now, so turns stay in order along the queue
+            seq.round = min(seq.round, self.waiting[0].round)
         self.waiting.appendleft(seq)
+        self._waiting_in_group[seq.group] += 1
         self.num_preemptions_total += 1
 
     def postprocess(
@@ -148,12 +163,18 @@ class Scheduler:
             self.finish(seq)
         return seqs
 
+    def _leave_waiting(self, seq: Sequence) -> None:
+        self._waiting_in_group[seq.group] -= 1
+        if not self._waiting_in_group[seq.group]:
+            del self._waiting_in_group[seq.group]
+
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self._leave_waiting(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 

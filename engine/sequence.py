@@ -48,6 +48,8 @@ class Sequence:
         self.max_total_tokens = max_total_tokens  # prompt + max_tokens, capped at max_model_len
         self.eos_token_ids = eos_token_ids
         self.status = SequenceStatus.WAITING
+        self.group = request_id  # the client request this sequence is one of (fair queueing)
+        self.round = 0  # its turn in the waiting queue: the scheduler keeps rounds non-decreasing there
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the leading full blocks registered in the cache

@@ -50,7 +50,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-queued-requests",
         type=int,
         default=256,
-        help="answer 503 + Retry-After once this many sequences wait for the engine",
+        help="answer 503 + Retry-After when a request would take the sequences waiting for the engine past this",
+    )
+    srv.add_argument(
+        "--max-sequences-per-request",
+        type=int,
+        default=64,
+        help="answer 400 to a request of more sequences (n × prompts) than this (default: %(default)s)",
+    )
+    srv.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="answer 413 to a request body larger than this (default: %(default)s, 8 MiB)",
+    )
+    srv.add_argument(
+        "--enable-docs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serve /docs and /openapi.json (off by default: the engine has no authentication)",
     )
     srv.add_argument(
         "--shutdown-timeout",
@@ -76,7 +94,7 @@ class FlagError(ValueError):
 
 
 # server flags and their lower bounds (engine flags are checked by EngineConfig)
-_SERVER_MINIMUMS = {"max_n": 1, "max_queued_requests": 1}
+_SERVER_MINIMUMS = {"max_n": 1, "max_queued_requests": 1, "max_request_body_bytes": 1, "max_sequences_per_request": 1}
 
 
 def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
@@ -149,6 +167,9 @@ def main(args: argparse.Namespace) -> int:
         max_model_len=engine.model_config.max_model_len,
         max_n=args.max_n,
         max_queued_requests=args.max_queued_requests,
+        max_sequences_per_request=args.max_sequences_per_request,
+        max_request_body_bytes=args.max_request_body_bytes,
+        enable_docs=args.enable_docs,
         revision=args.revision,
         digest=args.digest,
     )

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from folio.engine.server.admission import AdmissionMiddleware, Faults, ServerState
 from folio.engine.server.async_engine import AsyncEngine, EngineCore
+from folio.engine.server.body_limit import BodyLimitMiddleware
 from folio.engine.server.chat import create_chat_completion
 from folio.engine.server.completions import create_completion
 from folio.engine.server.errors import install_error_handlers
@@ -58,11 +59,14 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
         finally:
             async_engine.stop()
 
-    app = FastAPI(title="Folio engine", version=folio_version(), lifespan=lifespan)
+    # /docs and /openapi.json describe the API to anyone who can reach the pod: off unless asked for.
+    docs = {} if config.enable_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="Folio engine", version=folio_version(), lifespan=lifespan, **docs)
     app.state.server = state
     app.state.serving = serving
     install_error_handlers(app)
     app.add_middleware(AdmissionMiddleware, state=state)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_body_bytes)  # outermost: first
 
     @app.post(
         "/v1/completions",

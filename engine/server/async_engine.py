@@ -28,7 +28,9 @@ class EngineCore(Protocol):
     tokenizer: Any
     model_config: Any
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+    ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -54,6 +56,7 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    group: str | None = None  # the client request's id: the engine queues requests fairly by it
 
 
 class RequestStream:
@@ -148,7 +151,7 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for s in seqs:
-                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params)
+                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group)
                     added.append(s.request_id)
             except Exception as exc:
                 for rid in added:

@@ -56,7 +56,8 @@ async def create_chat_completion(
         raise bad_request("Only response_format type 'text' is supported.", param="response_format")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
-    prompt = render_prompt(serving, req)
+    serving.check_sequences(req.n)  # before the cost of rendering and tokenizing
+    prompt = await serving.off_loop(render_prompt, serving, req)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     budget = serving.max_tokens(requested, None, len(prompt.token_ids), param=param, prompt_param="messages")

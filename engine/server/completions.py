@@ -53,7 +53,9 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
         raise bad_request("best_of must equal n (no server-side ranking).", param="best_of")
     if req.echo and req.logprobs is not None:
         raise bad_request("echo together with logprobs is not supported.", param="echo")
-    prompts = _prompts(serving, req.prompt)
+    num_prompts = 1 if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) else len(req.prompt)
+    serving.check_sequences(num_prompts * req.n)  # before the cost of tokenizing
+    prompts = await serving.off_loop(_prompts, serving, req.prompt)
     budgets = [
         serving.max_tokens(
             req.max_tokens, DEFAULT_MAX_TOKENS, len(p.token_ids), param="max_tokens", prompt_param="prompt"

@@ -9,7 +9,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -25,10 +25,13 @@ from folio.engine.server.async_engine import (
     RequestFailed,
     RequestStream,
 )
+from folio.engine.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.choices import Choices, Prompt, Renderer
 from folio.engine.server.errors import OpenAIError, bad_request, unavailable
 from folio.engine.server.protocol import SamplingRequest
 from folio.engine.server.sse import EventStream
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class ServingConfig:
     max_model_len: int
     max_n: int = 8
     max_queued_requests: int = 256
+    max_sequences_per_request: int = 64
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    enable_docs: bool = False
     revision: str | None = None
     digest: str | None = None
 
@@ -60,13 +66,28 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def check_capacity(self) -> None:
-        if self.engine.num_queued >= self.config.max_queued_requests:
+    def check_capacity(self, new_sequences: int) -> None:
+        """503 when ``new_sequences`` more would take the engine's queue past --max-queued-requests
+        (which counts sequences: a request adds n × prompts of them)."""
+        queued = self.engine.num_queued
+        if queued + new_sequences > self.config.max_queued_requests:
             raise unavailable(
-                f"Server overloaded: {self.engine.num_queued} requests are queued "
+                f"Server overloaded: {queued} sequences are queued and this request adds {new_sequences} "
                 f"(limit {self.config.max_queued_requests}); retry later.",
                 code="server_overloaded",
             )
+
+    def check_sequences(self, count: int) -> None:
+        """A request's n × prompts: a 400 beyond --max-sequences-per-request (or beyond what the queue
+        could ever hold), else the queue's room for them."""
+        cap = min(self.config.max_sequences_per_request, self.config.max_queued_requests)
+        if count > cap:
+            raise bad_request(
+                f"This request asks for {count} sequences (n × prompts); at most {cap} are allowed per request.",
+                param="n",
+                code="too_many_sequences",
+            )
+        self.check_capacity(count)
 
     def check_common(self, req: SamplingRequest) -> None:
         self.check_model(req.model)
@@ -76,7 +97,11 @@ class OpenAIServing:
             raise bad_request("logit_bias is not supported.", param="logit_bias")
         if isinstance(req.stop, list) and len(req.stop) > 16:
             raise bad_request(f"At most 16 stop strings are allowed, got {len(req.stop)}.", param="stop")
-        self.check_capacity()
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs CPU-heavy request preparation (tokenizing, chat templates) in a worker thread, so that a
+        large prompt never holds up the event loop (/health, other requests' streams)."""
+        return await asyncio.to_thread(fn, *args)
 
     def tokenize(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
         try:
@@ -130,7 +155,7 @@ class OpenAIServing:
         for p, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
             for k in range(req.n):
                 params = self._params(req, seed=offset_seed(req.seed, k), max_tokens=budget, logprobs=logprobs)
-                seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params))
+                seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params, request_id))
         return seqs
 
     @staticmethod
@@ -160,6 +185,7 @@ class OpenAIServing:
 
     async def engine_stream(self, seqs: list[EngineRequest]) -> RequestStream:
         """Hands the sequences to the engine; maps its refusals to OpenAI errors."""
+        self.check_capacity(len(seqs))  # again, with no await since: tokenizing ran off the loop meanwhile
         try:
             return await self.engine.generate(seqs)
         except ValueError as exc:

@@ -273,3 +273,33 @@ def test_finish_frees_running_and_waiting_sequences_alike() -> None:
     s.finish(running)
     assert not s.has_unfinished() and s.block_manager.num_free_blocks == 64
     assert running.is_finished and waiting.is_finished
+
+
+def grouped(group: str, k: int, prompt: int = 4) -> Sequence:
+    seq = new_seq(f"{group}{k}", prompt)
+    seq.group = group
+    return seq
+
+
+def test_waiting_queue_takes_requests_in_turns() -> None:
+    # One request of 6 sequences arrives first; two later requests of 1 and 2 are not left behind it all.
+    s = scheduler(max_num_seqs=1)
+    for k in range(6):
+        s.add(grouped("a", k))
+    s.add(grouped("b", 0))
+    s.add(grouped("c", 0))
+    s.add(grouped("c", 1))
+    assert [q.request_id for q in s.waiting] == ["a0", "b0", "c0", "a1", "c1", "a2", "a3", "a4", "a5"]
+
+
+def test_turns_count_from_the_head_so_a_newcomer_does_not_jump_the_whole_queue() -> None:
+    s = scheduler(max_num_seqs=2)
+    for k in range(4):
+        s.add(grouped("a", k))
+    run_step(s)  # a0 and a1 are admitted: the head is now a2's turn
+    for k in range(3):
+        s.add(grouped("d", k))
+    assert [q.request_id for q in s.waiting] == ["a2", "d0", "a3", "d1", "d2"]
+    s.finish(s.waiting[1])  # an aborted waiting sequence leaves its group's count
+    s.add(grouped("d", 3))
+    assert [q.request_id for q in s.waiting] == ["a2", "a3", "d1", "d2", "d3"]

@@ -81,7 +81,9 @@ class FakeEngine:
 
     # ---------------------------------------------------------------- contract
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+    ) -> None:  # FIFO: fair queueing is the real scheduler's (tests/engine/test_scheduler.py)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if request_id in self.running or any(s.request_id == request_id for s in self.waiting):
             raise ValueError(f"duplicate request id {request_id!r}")

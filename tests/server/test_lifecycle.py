@@ -166,3 +166,42 @@ def test_sigterm_handler_drains_then_stops_the_server() -> None:
     assert not thread.is_alive()
     assert answer[0]["choices"][0]["finish_reason"] == "length"
     assert server.clean_drain is True
+
+
+def test_second_signal_answers_in_flight_requests_in_the_openai_shape() -> None:
+    engine = FakeEngine(step_delay=0.02)  # ~4 s for 200 tokens: still running when the signals come
+    app = build_app(engine, ServingConfig(served_model_name="fake", model_path="/m", max_model_len=256))
+    port = free_port()
+    server = DrainingServer(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5),
+        app.state.server,
+        30,
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    url = f"http://127.0.0.1:{port}"
+    answers: dict[str, httpx.Response] = {}
+
+    def call(name: str, body: dict) -> None:
+        answers[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+
+    workers = [
+        threading.Thread(target=call, args=("plain", SLOW)),
+        threading.Thread(target=call, args=("stream", {**SLOW, "stream": True})),
+    ]
+    for w in workers:
+        w.start()
+    wait_for(lambda: app.state.server.in_flight == 2 and len(engine.running) == 2)
+    server.handle_exit(signal.SIGTERM, None)
+    server.handle_exit(signal.SIGTERM, None)
+    for w in workers:
+        w.join(30)
+    thread.join(30)
+    assert not thread.is_alive()
+    plain = answers["plain"]
+    assert plain.status_code == 503 and plain.json()["error"]["code"] == "shutting_down"
+    events = [ln.removeprefix("data: ") for ln in answers["stream"].text.splitlines() if ln]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+    assert server.clean_drain is False

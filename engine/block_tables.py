@@ -27,8 +27,8 @@ class BlockTables:
         self._mirrors: dict[int, tuple[list[int], np.ndarray, int]] = {}
         self._host = torch.zeros(0, 0, dtype=BLOCK_TABLE_DTYPE)
 
-    def _row(self, seq_id: int, table: list[int]) -> np.ndarray:
-        mirrored = self._mirrors.get(seq_id)
+    def _row(self, key: int, table: list[int]) -> np.ndarray:
+        mirrored = self._mirrors.get(key)
         if mirrored is None or mirrored[0] is not table or mirrored[2] > len(table):
             mirrored = (table, np.empty(max(16, len(table)), dtype=np.int32), 0)
         _, row, count = mirrored
@@ -37,7 +37,7 @@ class BlockTables:
                 row = np.concatenate([row[:count], np.empty(max(len(table), 2 * row.shape[0]) - count, np.int32)])
             row[count : len(table)] = table[count:]
             count = len(table)
-        self._mirrors[seq_id] = (table, row, count)
+        self._mirrors[key] = (table, row, count)
         return row[:count]
 
     def _buffer(self, rows: int, width: int) -> torch.Tensor:
@@ -61,7 +61,7 @@ class BlockTables:
             row = self._row(id(item.seq), item.seq.block_table)[:width]
             view[r, : row.shape[0]] = row
         if len(self._mirrors) > 4 * len(items) + 64:  # forget finished sequences now and then
-            live = {item.seq.seq_id for item in items}
+            live = {id(item.seq) for item in items}
             self._mirrors = {k: v for k, v in self._mirrors.items() if k in live}
         return host[: len(items), :width]
 

@@ -153,10 +153,37 @@ class EngineSpec(Model):
     env: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class OutlierDetectionSpec(Model):
+    """Envoy-style ejection of failing replicas (the router's `folio.operator.router.outliers`)."""
+
+    consecutive_errors: int = Field(
+        default=5, ge=1, description="Consecutive 5xx answers, connection failures or timeouts that eject a replica."
+    )
+    base_ejection_time: Duration = Field(
+        default="30s", pattern=DURATION_RE.pattern,
+        description="Ejection time, times the number of ejections so far, capped at 300s.",
+    )  # fmt: skip
+    max_ejection_percent: int = Field(
+        default=50, ge=0, le=100, description="At most this share of a revision's replicas is ejected at once."
+    )
+
+    @field_validator("base_ejection_time")
+    @classmethod
+    def _positive(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError("baseEjectionTime must be positive")
+        return value
+
+    @property
+    def base_ejection_seconds(self) -> float:
+        return parse_duration(self.base_ejection_time)
+
+
 class RouterSpec(Model):
     replicas: int = Field(default=2, ge=0, le=MAX_ROUTER_REPLICAS)
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
 
 
 class CacheSpec(Model):

@@ -6,6 +6,7 @@ metric_names  the metrics' names and labels, shared with the canary analysis; me
 state    what a config becomes: weighted split, replica pools, API keys
 split    smooth weighted round-robin between revisions
 balancer replicas per revision, fewest in-flight first; health: active checks that eject and restore
+outliers Envoy-style passive ejection: consecutive failures eject for a growing time, half-open readmission
 proxy    one request: pick, attempt, retry on stable, overflow, shadow, relay as it arrives
 app      the aiohttp app (/v1/*, /health, /ready, /metrics); server: run it (CLI or embedded)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from folio.operator.router.outliers import OutlierDetector
+
 
 @dataclass(eq=False)
 class Replica:
@@ -33,8 +35,9 @@ class _Pool:
 class Balancer:
     """Fewest in-flight requests wins; ties go round-robin."""
 
-    def __init__(self) -> None:
+    def __init__(self, outliers: OutlierDetector | None = None) -> None:
         self._pools: dict[str, _Pool] = {}
+        self.outliers = outliers or OutlierDetector()
 
     def update(self, endpoints: Mapping[str, Sequence[str]]) -> list[Replica]:
         """Adopt a new endpoint map, keeping the state of replicas that stay; returns the new ones."""
@@ -52,6 +55,7 @@ class Balancer:
             old = self._pools.get(revision)
             pools[revision] = _Pool(replicas, old.cursor if old else 0)
         self._pools = pools
+        self.outliers.forget(self.replicas())
         return added
 
     def pick(self, revision: str | None, exclude: Collection[Replica] = ()) -> Replica | None:
@@ -65,9 +69,19 @@ class Balancer:
         best: Replica | None = None
         for i in range(n):
             r = replicas[(start + i) % n]
-            if r.healthy and r not in exclude and (best is None or r.in_flight < best.in_flight):
+            if self.usable(r) and r not in exclude and (best is None or r.in_flight < best.in_flight):
                 best = r
+        if best is not None:
+            self.outliers.started(best)  # a half-open replica's one trial request
         return best
+
+    def usable(self, replica: Replica) -> bool:
+        """Passes its health checks and is not ejected (or is half-open with no trial out)."""
+        return replica.healthy and self.outliers.usable(replica)
+
+    def pool(self, revision: str) -> list[Replica]:
+        pool = self._pools.get(revision)
+        return pool.replicas if pool else []
 
     def pick_any(self, order: Iterable[str | None], exclude: Collection[Replica]) -> Replica | None:
         """The first revision in `order` with a usable replica, then any other revision."""

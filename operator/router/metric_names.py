@@ -22,6 +22,10 @@ WEIGHT = "folio_router_traffic_weight"
 SHADOW_REQUESTS = "folio_router_shadow_requests_total"
 SHADOW_DURATION = "folio_router_shadow_request_duration_seconds"
 IN_FLIGHT = "folio_router_in_flight"
+REPLICA = "replica"  # a replica's base URL
+EJECTIONS = "folio_router_ejections_total"
+EJECTED = "folio_router_replica_ejected"
+OVERFLOW_REQUESTS = "folio_router_overflow_requests_total"
 
 
 def is_error(code: str) -> bool:

@@ -58,6 +58,15 @@ class RouterMetrics:
             m.SHADOW_DURATION, "Duration of mirrored requests.", per_revision, buckets=buckets, registry=r
         )
         self.in_flight = Gauge(m.IN_FLIGHT, "Upstream attempts in progress.", per_revision, registry=r)
+        per_replica = [*per_revision, m.REPLICA]
+        self.ejections = Counter(m.EJECTIONS, "Replicas taken out of rotation by outlier detection.", per_replica,
+                                 registry=r)
+        self.ejected = Gauge(m.EJECTED, "1 while a replica is ejected by outlier detection.", per_replica,
+                             registry=r)
+        self.overflow = Counter(
+            m.OVERFLOW_REQUESTS, "Requests forwarded to the overflow endpoint, by its answer.", [m.ISVC, m.CODE],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 
@@ -85,6 +94,14 @@ class RouterMetrics:
 
     def retry(self, from_revision: str, to_revision: str) -> None:
         self._child(self.retries, from_revision, to_revision).inc()
+
+    def replica_ejected(self, revision: str, replica: str, ejected: bool) -> None:
+        if ejected:
+            self._child(self.ejections, revision, replica).inc()
+        self._child(self.ejected, revision, replica).set(1 if ejected else 0)
+
+    def overflowed(self, code: str) -> None:
+        self.overflow.labels(self.isvc, code).inc()
 
     def shadowed(self, revision: str, code: str, duration: float) -> None:
         self._child(self.shadow, revision, code).inc()

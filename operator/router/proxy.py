@@ -20,6 +20,7 @@ from folio.operator.router.balancer import Replica
 from folio.operator.router.config import OVERFLOW, Overflow
 from folio.operator.router.errors import error_response
 from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.outliers import is_failure
 from folio.operator.router.state import RoutingState
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,9 @@ class Proxy:
             req, downstream, overflow.url, OVERFLOW, None, headers=headers, relay_any=True
         )
         if isinstance(answer, Failure):
+            self.metrics.overflowed("error")
             return error_response(502, f"overflow unreachable: {answer.reason}", code="upstream_unreachable")
+        self.metrics.overflowed(str(answer.status))
         return answer
 
     async def _attempt(
@@ -172,10 +175,14 @@ class Proxy:
                 )  # fmt: skip
             except _UPSTREAM_ERRORS as exc:
                 code = "error"
-                if replica is not None and isinstance(exc, aiohttp.ClientConnectorError):
-                    replica.mark_down(f"connect failed: {exc}")  # the health checks bring it back
+                if replica is not None:
+                    self._outcome(replica, failed=True)
+                    if isinstance(exc, aiohttp.ClientConnectorError):
+                        replica.mark_down(f"connect failed: {exc}")  # the health checks bring it back
                 return Failure("error", reason=f"{type(exc).__name__}: {exc}".rstrip(": "))
             code = str(resp.status)
+            if replica is not None:
+                self._outcome(replica, failed=is_failure(resp.status, "Retry-After" in resp.headers))
             if not relay_any and (resp.status >= 500 or resp.status == 429):
                 return await _failure(resp, revision)
             try:
@@ -192,6 +199,9 @@ class Proxy:
                 metrics.attempt_abandoned(revision)
             else:
                 metrics.attempt_finished(revision, code, perf_counter() - started)
+
+    def _outcome(self, replica: Replica, *, failed: bool) -> None:
+        self.state.balancer.outliers.record(replica, failed, self.state.balancer.pool(replica.revision))
 
     async def _relay(
         self, resp: aiohttp.ClientResponse, revision: str, started: float, downstream: web.Request

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from folio.operator.router.auth import ApiKeys
-from folio.operator.router.balancer import Balancer
+from folio.operator.router.balancer import Balancer, Replica
 from folio.operator.router.config import RouterConfig
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.split import WeightedSplit
@@ -20,6 +20,7 @@ class RoutingState:
         self.config = RouterConfig()
         self.split = WeightedSplit(())
         self.balancer = Balancer()
+        self.balancer.outliers.on_change = self._ejection_changed
         self._static_keys = list(static_keys)
         self.api_keys = ApiKeys(self._static_keys)
         self.loaded = False  # a source has delivered at least one config
@@ -33,6 +34,7 @@ class RoutingState:
             self.split = WeightedSplit(weights)
             self.metrics.set_weights(dict(weights))
             log.info("traffic: %s", ", ".join(f"{r}={w}" for r, w in weights) or "(none)")
+        self.balancer.outliers.configure(config.outlier_detection)
         self.balancer.update(config.endpoints)
         if config.api_keys != old.api_keys or not self.loaded:
             self.api_keys = ApiKeys([*self._static_keys, *(config.api_keys or [])])
@@ -41,6 +43,14 @@ class RoutingState:
                 log.error("router config: %s; serving without it", problem)
         self.config = config
         self.loaded = True
+
+    def _ejection_changed(self, replica: object, ejected: bool) -> None:
+        assert isinstance(replica, Replica)
+        self.metrics.replica_ejected(replica.revision, replica.url, ejected)
+        if ejected:
+            log.warning("ejecting replica %s (%s): consecutive failures", replica.url, replica.revision)
+        else:
+            log.info("replica %s (%s) readmitted after ejection", replica.url, replica.revision)
 
     def ready(self) -> tuple[bool, str]:
         if not self.loaded:

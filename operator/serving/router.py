@@ -42,6 +42,8 @@ def router_config(
     }
     if spec is not None and spec.shadow is not None:
         data["shadow"] = spec.shadow.to_wire()
+    if spec is not None:
+        data["outlierDetection"] = spec.router.outlier_detection.to_wire()
     if spec is not None and spec.overflow is not None:
         data["overflow"] = {"url": spec.overflow.url, "apiKey": overflow_api_key}
     return RouterConfig.parse(data)

@@ -99,6 +99,8 @@ def series() -> dict[str, set[str]]:
     router.attempt_finished("r2", "503", 0.02)
     router.retry("r2", "r1")
     router.shadowed("r2", "200", 0.02)
+    router.replica_ejected("r2", "http://10.0.0.2:8000", True)
+    router.overflowed("200")
     found = {name: labels | TARGET_LABELS | ENGINE_TARGET_LABELS
              for name, labels in scraped(engine.render().decode()).items() if name.startswith(("vllm:", "folio_engine_"))}
     found |= {name: labels | TARGET_LABELS

@@ -97,6 +97,23 @@ async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) 
         assert r.metric(m.REQUESTS, revision="r1", code="200") == 20
 
 
+async def test_failing_stable_replica_is_ejected_and_costs_no_errors(router: RouterFactory) -> None:
+    good, bad = FakeUpstream("r1"), FakeUpstream("r1", status=500)
+    async with (
+        serving(good, bad),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [good.url, bad.url]},
+            outlierDetection={"consecutiveErrors": 3, "baseEjectionTime": "300s"},
+        ) as r,
+    ):  # fmt: skip
+        statuses = [(await r.complete()).status_code for _ in range(30)]
+        assert statuses == [200] * 30  # every failed attempt was retried on the other replica
+        assert len(bad.seen) == 3  # then it was out of rotation
+        assert r.metric(m.EJECTIONS, revision="r1", replica=bad.url) == 1
+        assert r.metric(m.EJECTED, revision="r1", replica=bad.url) == 1
+        assert r.metric(m.RETRIES, from_revision="r1", to_revision="r1") == 3
+
+
 async def test_stable_500_is_relayed_after_one_retry(router: RouterFactory) -> None:
     a, b = FakeUpstream("a", status=500), FakeUpstream("b", status=502)
     async with (

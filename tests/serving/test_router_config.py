@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from folio.operator.router.config import RouterConfig
 from folio.operator.serving.router import routable, router_config
-from folio.operator.spec import CanaryStatus, InferenceServiceStatus, TrafficTarget
+from folio.operator.spec import CanaryStatus, InferenceServiceStatus, OutlierDetectionSpec, TrafficTarget
 from tests.serving.helpers import make_spec
 
 
@@ -45,4 +45,12 @@ def test_the_canary_serves_only_with_a_positive_weight() -> None:
 def test_the_wire_form_is_what_the_file_source_reads() -> None:
     cfg = router_config(make_spec(), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
     assert RouterConfig.parse(cfg.to_wire()) == cfg
-    assert set(cfg.to_wire()) == {"traffic", "endpoints", "stable", "canary", "overflow"}
+    assert set(cfg.to_wire()) == {"traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection"}
+
+
+def test_the_spec_outlier_detection_reaches_the_router() -> None:
+    spec = make_spec()
+    spec = spec.model_copy(update={"router": spec.router.model_copy(update={
+        "outlier_detection": OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")})})
+    cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
+    assert cfg.outlier_detection == OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")

@@ -13,6 +13,7 @@ import time
 import psutil
 import torch
 
+from folio.engine import memory_profile
 from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
@@ -23,6 +24,7 @@ from folio.engine.scheduler import Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
+from folio.engine.warmup import warm_up_kernels
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +59,33 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
 
-        num_blocks = self._num_kv_blocks(model_config)
         bs = config.block_size
         budget = step_token_budget(config, model_config)
+        meter = None if config.kv_cache_memory_gib is not None else memory_profile.meter_for(self.device)
+        if meter is None:
+            num_blocks = self._num_kv_blocks(model_config, self._fixed_kv_budget())
+            self.runner = ModelRunner(
+                model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
+                max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
+            )
+        else:  # size the cache after running the largest step against a one-block cache
+            self.runner = ModelRunner(
+                model, model_config, memory_profile.PROFILE_KV_BLOCKS, bs, self.dtype, self.device, config.seed,
+                max_num_seqs=config.max_num_seqs, enforce_eager=True,
+            )
+            profile = memory_profile.profile_step(self.runner, meter, budget, config.max_num_seqs)
+            kv_budget = memory_profile.kv_cache_budget(meter, config.gpu_memory_utilization, profile)
+            log.info(
+                "profiled the largest step (%d tokens over %d sequences): %.2f GiB in use, %.2f GiB activations; "
+                "%.2f GiB left for the KV cache at utilization %.2f of %.2f GiB",
+                profile.num_tokens, profile.num_seqs, profile.in_use / GIB, profile.activation_bytes / GIB,
+                kv_budget / GIB, config.gpu_memory_utilization, meter.total() / GIB,
+            )
+            num_blocks = self._num_kv_blocks(model_config, kv_budget)
+            self.runner.resize_kv_cache(num_blocks, enforce_eager=config.enforce_eager)
+        warm_up_kernels(self.runner, model_config.max_model_len)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
-        self.runner = ModelRunner(
-            model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
-            max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
-        )
         self._seqs: dict[str, Sequence] = {}
         self.num_failed_steps = 0
         self._failing_streak = 0
@@ -82,16 +102,14 @@ class LLMEngine:
 
     # --- sizing -----------------------------------------------------------------------------------------
 
-    def _num_kv_blocks(self, cfg: ModelConfig) -> int:
-        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
+    def _fixed_kv_budget(self) -> float:
+        """The KV budget without profiling: as configured, else a share of the CPU's available RAM."""
         if self.config.kv_cache_memory_gib is not None:
-            budget = self.config.kv_cache_memory_gib * GIB
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = total * self.config.gpu_memory_utilization - used - self._activation_reserve(cfg)
-        else:
-            budget = min(_CPU_KV_MAX_GIB * GIB, psutil.virtual_memory().available * _CPU_KV_RAM_SHARE)
+            return self.config.kv_cache_memory_gib * GIB
+        return min(_CPU_KV_MAX_GIB * GIB, psutil.virtual_memory().available * _CPU_KV_RAM_SHARE)
+
+    def _num_kv_blocks(self, cfg: ModelConfig, budget: float) -> int:
+        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
         num_blocks = int(budget // per_block)
         # more blocks than every sequence at full length could use would only waste memory
         useful = self.config.max_num_seqs * -(-cfg.max_model_len // self.config.block_size)
@@ -103,14 +121,6 @@ class LLMEngine:
                 "gpu_memory_utilization"
             )
         return num_blocks
-
-    def _activation_reserve(self, cfg: ModelConfig) -> int:
-        """A generous estimate of the forward pass's peak temporary memory on the GPU."""
-        tokens = step_token_budget(self.config, cfg)  # the largest step: max_model_len with chunking off
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 3 * cfg.num_attention_heads * cfg.head_dim)
-        logits = self.config.max_num_seqs * cfg.vocab_size * 4 * 4
-        return 2 * tokens * per_token * elem + logits + GIB // 2
 
     # --- requests ---------------------------------------------------------------------------------------
 

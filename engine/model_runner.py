@@ -114,6 +114,26 @@ class ModelRunner:
         if device.type == "cuda" and not enforce_eager and model.supports_cuda_graphs:
             self.enable_decode_graphs()
 
+    def resize_kv_cache(self, num_blocks: int, *, enforce_eager: bool = False) -> None:
+        """Replaces the cache (e.g. the profiling step's single block) with ``num_blocks`` empty blocks;
+        decode graphs, which hold the old cache's addresses, are captured again."""
+        layers, kv_heads, head_dim, dtype = self.kv_caches_shape
+        self.decode_graphs = None
+        self._gather = None
+        self.kv_caches = []  # the old cache goes before the new one is allocated
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_caches = allocate_kv_cache(layers, num_blocks, self.block_size, kv_heads, head_dim, dtype, self.device)
+        self.block_tables = BlockTables(self.block_size, self.device)
+        if self.device.type == "cuda" and not enforce_eager and self.model.supports_cuda_graphs:
+            self.enable_decode_graphs()
+
+    @property
+    def kv_caches_shape(self) -> tuple[int, int, int, torch.dtype]:
+        """(layers, KV heads, head_dim, dtype) of the cache."""
+        k = self.kv_caches[0][0]
+        return len(self.kv_caches), k.shape[2], k.shape[3], k.dtype
+
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""

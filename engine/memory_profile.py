@@ -15,6 +15,7 @@ free memory; on the CPU it is the process's resident set and its high-water mark
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -130,17 +131,21 @@ def profile_batch(num_tokens: int, num_seqs: int, vocab_size: int, block_size: i
     return batch
 
 
-def profile_step(runner: ModelRunner, meter: DeviceMemory, num_tokens: int, num_seqs: int) -> StepProfile:
+def profile_step(
+    runner: ModelRunner, meter: DeviceMemory, num_tokens: int, num_seqs: int,
+    run_step: Callable[[list[ScheduledSeq]], object] | None = None,
+) -> StepProfile:
     """Runs the largest steps once on ``runner`` (whose cache may be a single block) and measures the
     worse: ``num_tokens`` as one prompt (attention's largest shape) and spread over ``num_seqs``
-    sequences (the sampler's largest batch)."""
+    sequences (the sampler's largest batch). ``run_step`` (default ``runner.step``) is how the engine
+    runs a step, e.g. with the other tensor-parallel ranks beside it."""
     longest = min(num_tokens, runner.cfg.max_model_len - 1)
     shapes = [(longest, 1), (num_tokens, min(num_seqs, num_tokens))]
     rng = runner.sampler.generator.get_state()  # the dummy draws must not shift what requests sample
     meter.reset_peak()
     before = meter.in_use()
     for tokens, seqs in shapes:
-        runner.step(profile_batch(tokens, seqs, runner.cfg.vocab_size, runner.block_size))
+        (run_step or runner.step)(profile_batch(tokens, seqs, runner.cfg.vocab_size, runner.block_size))
     runner.sampler.generator.set_state(rng)
     return StepProfile(num_tokens, shapes[-1][1], before, meter.peak())
 

@@ -30,6 +30,7 @@ from folio.operator.k8s.names import (
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving.cache import prepull_job, weights_pvc
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
+from folio.operator.serving.security import harden
 from folio.operator.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -50,6 +51,9 @@ STARTUP_FAILURES = 120
 PRESTOP_SLEEP_S = 10
 ENGINE_GRACE_S = 120
 DEFAULT_SHUTDOWN_S = 30.0  # `folio serve --shutdown-timeout` default
+# Writable /tmp per pod (the root filesystem is read-only): compiled kernels for engines, little for routers.
+ENGINE_SCRATCH = "4Gi"
+ROUTER_SCRATCH = "64Mi"
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,6 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
     if spec.engine.env:
         container["env"] = copy.deepcopy(spec.engine.env)
     pod_spec: Obj = {
-        "automountServiceAccountToken": False,  # engines never talk to the API
         "terminationGracePeriodSeconds": grace_period(rev),
         "containers": [container],
         "volumes": [
@@ -163,6 +166,8 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         pod_spec["affinity"] = copy.deepcopy(spec.engine.affinity)
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    # Engines never talk to the API; Triton and torch-inductor caches fill /tmp.
+    harden(pod_spec, scratch_size=ENGINE_SCRATCH, api_token=False)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -251,7 +256,9 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
                 "selector": {"matchLabels": selector(isvc, "router")},
                 "template": {
                     "metadata": {"labels": dict(labels)},
-                    "spec": {"serviceAccountName": account, "containers": [container]},
+                    # The router watches its InferenceService and the EndpointSlices: it needs its token.
+                    "spec": harden({"serviceAccountName": account, "containers": [container]},
+                                   scratch_size=ROUTER_SCRATCH, api_token=True),
                 },
             },
         },

@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"],
                         help="access mode of the weights cache PVCs (default ReadWriteMany, which engines "
                         "on several nodes need; ReadWriteOnce suits a one-node cluster)")
+    parser.add_argument("--router-cluster-role", default=os.environ.get("FOLIO_ROUTER_CLUSTER_ROLE", "folio-router"),
+                        help="the ClusterRole each router's RoleBinding refers to (the chart creates it; "
+                        "default: $FOLIO_ROUTER_CLUSTER_ROLE or folio-router)")
     parser.add_argument("--peering", default="folio",
                         help="kopf peering name, so replicas run one at a time ('' to run standalone)")
     parser.add_argument("--priority", type=int, default=None,
@@ -60,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"folio operator: no Kubernetes credentials (in-cluster or kubeconfig): {exc}", file=sys.stderr)
         return 2
     plan_settings = PlanSettings(image=args.image,
-                                 cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]))
+                                 cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]),
+                                 router_cluster_role=args.router_cluster_role)
     ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds)
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -16,6 +16,9 @@ from typing import Any
 
 from folio.operator.k8s.names import (
     ENGINE_PORT,
+    OVERFLOW_KEY_DIR,
+    OVERFLOW_KEY_FILE,
+    ROUTER_CLUSTER_ROLE,
     ROUTER_PORT,
     ROUTER_SERVICE_PORT,
     Component,
@@ -34,9 +37,7 @@ from folio.operator.serving.security import harden
 from folio.operator.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
-    GROUP,
     KIND,
-    PLURAL,
     InferenceServiceSpec,
     ResourceRequirements,
 )
@@ -72,6 +73,8 @@ class PlanSettings:
     image: str = DEFAULT_IMAGE  # the operator's own image: router and pre-pull run it
     # Engines on several nodes read one cache: ReadWriteMany (ReadWriteOnce for a one-node cluster).
     cache_access_modes: tuple[str, ...] = ("ReadWriteMany",)
+    # The chart's ClusterRole for routers (`folio operator --router-cluster-role`).
+    router_cluster_role: str = ROUTER_CLUSTER_ROLE
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -210,13 +213,6 @@ def _resources(res: ResourceRequirements) -> Obj:
 def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSettings) -> list[Obj]:
     isvc, account = owner.name, router_account_name(owner.name)
     labels = component_labels(isvc, "router")
-    rules: list[Obj] = [
-        {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-    ]
-    secrets = sorted({ref.name for ref in [spec.overflow and spec.overflow.api_key_secret_ref] if ref})
-    if secrets:  # an empty resourceNames would mean every Secret
-        rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": secrets, "verbs": ["get"]})
     container: Obj = {
         "name": "router",
         "image": spec.router.image or settings.image,
@@ -228,6 +224,15 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 3},
     }
+    pod_spec: Obj = {"serviceAccountName": account, "containers": [container]}
+    key_ref = spec.overflow.api_key_secret_ref if spec.overflow else None
+    if key_ref is not None:
+        # The kubelet reads the Secret, not the router: no Secret permission anywhere. Optional, so that
+        # a missing Secret is reported by the router (overflow off) instead of a pod stuck starting.
+        pod_spec["volumes"] = [{"name": "overflow-key", "secret": {
+            "secretName": key_ref.name, "optional": True, "items": [{"key": key_ref.key, "path": OVERFLOW_KEY_FILE.name}],
+        }}]
+        container["volumeMounts"] = [{"name": "overflow-key", "mountPath": OVERFLOW_KEY_DIR, "readOnly": True}]
     return [
         {
             "apiVersion": "v1",
@@ -235,16 +240,13 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
             "metadata": _meta(owner, account, labels),
         },
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(owner, account, labels),
-            "rules": rules,
-        },
-        {
+            # Binds the chart's router ClusterRole in this namespace: the operator holds `bind` on that
+            # one role only, instead of creating Roles (and holding every permission they grant).
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _meta(owner, account, labels),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": settings.router_cluster_role},
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}],
         },
         {
@@ -257,8 +259,7 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
                 "template": {
                     "metadata": {"labels": dict(labels)},
                     # The router watches its InferenceService and the EndpointSlices: it needs its token.
-                    "spec": harden({"serviceAccountName": account, "containers": [container]},
-                                   scratch_size=ROUTER_SCRATCH, api_token=True),
+                    "spec": harden(pod_spec, scratch_size=ROUTER_SCRATCH, api_token=True),
                 },
             },
         },

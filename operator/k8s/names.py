@@ -42,6 +42,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -53,6 +54,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("batch/v1", "Job"),
     ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -32,6 +32,7 @@ from folio.operator.k8s.names import (
 )
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.serving.security import harden
 from folio.operator.spec import (
@@ -75,6 +76,9 @@ class PlanSettings:
     cache_access_modes: tuple[str, ...] = ("ReadWriteMany",)
     # The chart's ClusterRole for routers (`folio operator --router-cluster-role`).
     router_cluster_role: str = ROUTER_CLUSTER_ROLE
+    # Where the operator's own pods run, and their labels: the engines' NetworkPolicy admits them.
+    operator_namespace: str | None = None
+    operator_labels: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -114,6 +118,13 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
         out.append(engine_service(owner, rev.name))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
+    policy = engine_network_policy(
+        owner.name, owner.namespace, spec, operator_namespace=settings.operator_namespace,
+        operator_labels=dict(settings.operator_labels),
+        meta=_meta(owner, policy_name(owner.name), policy_labels(owner.name)),
+    )
+    if policy is not None:
+        out.append(policy)
     return out
 
 

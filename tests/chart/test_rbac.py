@@ -26,6 +26,7 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("batch", "jobs"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("policy", "poddisruptionbudgets"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
     ("", "pods"): frozenset({"list", "watch"}),
     ("", "events"): frozenset({"create"}),
@@ -122,6 +123,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("v1", "PersistentVolumeClaim"): ("", "persistentvolumeclaims"), ("batch/v1", "Job"): ("batch", "jobs"),
         ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
+        ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:

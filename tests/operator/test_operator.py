@@ -31,14 +31,15 @@ async def test_create_makes_every_child_and_reports_ready(cluster: Cluster) -> N
 
         async def all_children() -> dict[tuple[str, str], Any]:
             children = await cluster.children()
-            return children if len(children) == 10 else {}
+            return children if len(children) == 11 else {}
 
-        children = await eventually(all_children, what="all 10 children")
+        children = await eventually(all_children, what="all 11 children")
         assert set(children) == {
             ("Deployment", f"chat-{rev}"), ("Service", f"chat-{rev}"), ("Job", f"chat-prepull-{rev}"),
             ("PersistentVolumeClaim", "chat-weights"), ("Deployment", "chat"), ("Service", "chat"),
             ("ServiceAccount", "chat-router"), ("RoleBinding", "chat-router"),
             ("PodDisruptionBudget", "chat-engine"), ("PodDisruptionBudget", "chat-router"),
+            ("NetworkPolicy", "chat-engine"),
         }
         for obj in children.values():
             (owner,) = obj["metadata"]["ownerReferences"]
@@ -187,7 +188,7 @@ async def test_restart_mid_reconcile_converges_without_duplicates(cluster: Clust
 
         async def converged() -> dict[tuple[str, str], Any]:
             children = await cluster.children()  # asserts there are no duplicates
-            return children if len(children) == 10 else {}
+            return children if len(children) == 11 else {}
 
         children = await eventually(converged, what="the full set of children")
         assert set(partial) <= set(children)

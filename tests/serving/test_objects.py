@@ -41,6 +41,7 @@ def test_object_set_for_one_revision(spec: InferenceServiceSpec) -> None:
         ("Service", "chat"),
         ("PodDisruptionBudget", "chat-engine"),
         ("PodDisruptionBudget", "chat-router"),
+        ("NetworkPolicy", "chat-engine"),
     }
     # Once the weights are verified, the pre-pull Job is no longer wanted.
     assert ("Job", f"chat-prepull-{rev}") not in objects_by_key(spec, revision(spec))

@@ -61,34 +61,40 @@ class RequestFraming:
         return self.state in (self.BODY, self.CHUNK_SIZE, self.CHUNK_DATA, self.CHUNK_END, self.TRAILERS)
 
     def feed(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view and self.state != self.LOST:
-            view = self._step(view)
+        pos, n = 0, len(data)
+        while pos < n and self.state != self.LOST:
+            pos = self._step(data, pos)
 
-    def _step(self, view: memoryview) -> memoryview:
-        if self.state == self.IDLE:
-            if view[0] in b"\r\n":  # blank lines between requests are allowed
-                return view[1:]
-            self.state, self._head = self.HEAD, bytearray()
-        if self.state in (self.HEAD, self.CHUNK_SIZE, self.TRAILERS):
-            return self._read_line_block(view)
-        if self.state in (self.BODY, self.CHUNK_DATA, self.CHUNK_END):
-            taken = min(self._left, len(view))
-            self._left -= taken
-            if self._left == 0:
-                if self.state == self.BODY:
-                    self.state = self.IDLE
-                elif self.state == self.CHUNK_DATA:
-                    self.state, self._left = self.CHUNK_END, 2  # the CRLF after the chunk's data
-                else:
-                    self.state, self._head = self.CHUNK_SIZE, bytearray()
-            return view[taken:]
-        raise AssertionError(f"unknown state {self.state}")
+    def _step(self, data: bytes, pos: int) -> int:
+        """Consume from ``data[pos:]`` what the current state takes; returns the new position."""
+        state = self.state
+        if state == self.IDLE:
+            if data[pos] in (13, 10):  # blank lines between requests are allowed
+                return pos + 1
+            self.state = self.HEAD
+            end = data.find(b"\r\n\r\n", pos)
+            if end >= 0:  # the usual case: a whole head in one read, nothing to buffer
+                self._start_body(data[pos:end + 4])
+                return end + 4
+            self._head = bytearray()
+            return self._read_line_block(data, pos)
+        if state in (self.HEAD, self.CHUNK_SIZE, self.TRAILERS):
+            return self._read_line_block(data, pos)
+        taken = min(self._left, len(data) - pos)
+        self._left -= taken
+        if self._left == 0:
+            if state == self.BODY:
+                self.state = self.IDLE
+            elif state == self.CHUNK_DATA:
+                self.state, self._left = self.CHUNK_END, 2  # the CRLF after the chunk's data
+            else:
+                self.state, self._head = self.CHUNK_SIZE, bytearray()
+        return pos + taken
 
-    def _read_line_block(self, view: memoryview) -> memoryview:
+    def _read_line_block(self, data: bytes, pos: int) -> int:
         """Accumulate until the block's end: a blank line for heads and trailers, one line for a chunk size."""
         start = max(0, len(self._head) - 3)
-        self._head += view
+        self._head += data[pos:] if pos else data
         end_mark = b"\r\n" if self.state == self.CHUNK_SIZE else b"\r\n\r\n"
         if self.state == self.TRAILERS and self._head.startswith(b"\r\n"):
             end = 2  # no trailers: just the final CRLF
@@ -97,9 +103,9 @@ class RequestFraming:
             if found < 0:
                 if len(self._head) > MAX_HEAD_BYTES:
                     self.state = self.LOST
-                return view[len(view):]
+                return len(data)
             end = found + len(end_mark)
-        rest = len(self._head) - end  # bytes of `view` past the block
+        rest = len(self._head) - end  # bytes of `data` past the block
         block, self._head = bytes(self._head[:end]), bytearray()
         if self.state == self.HEAD:
             self._start_body(block)
@@ -113,30 +119,30 @@ class RequestFraming:
                 self.state, self._left = self.CHUNK_DATA, size
         else:  # trailers done: the request is complete
             self.state = self.IDLE
-        return view[len(view) - rest:]
+        return len(data) - rest
 
     def _start_body(self, head: bytes) -> None:
-        length: int | None = None
-        chunked = False
-        for line in head.split(b"\r\n")[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                continue
-            name = name.strip().lower()
-            if name == b"content-length":
-                try:
-                    length = int(value.strip())
-                except ValueError:
-                    self.state = self.LOST
-                    return
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-        if chunked:
+        lower = head.lower()
+        chunked = _header(lower, b"transfer-encoding")
+        if chunked is not None and b"chunked" in chunked:
             self.state, self._head = self.CHUNK_SIZE, bytearray()
-        elif length:
-            self.state, self._left = self.BODY, length
-        else:
-            self.state = self.IDLE
+            return
+        length = _header(lower, b"content-length")
+        try:
+            self._left = int(length) if length is not None else 0
+        except ValueError:
+            self.state = self.LOST  # the server's parser answers it
+            return
+        self.state = self.BODY if self._left > 0 else self.IDLE
+
+
+def _header(lower_head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` in a lower-cased head block, or None."""
+    at = lower_head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    return lower_head[start:lower_head.find(b"\r\n", start)].strip()
 
 
 def _chunk_size(line: bytes) -> int | None:

@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
+
 if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
     from folio.engine.server.admission import Faults
@@ -71,6 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /docs and /openapi.json (off by default: the engine has no authentication)",
     )
     srv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_S,
+        help="seconds a client has to send a request's headers before it is disconnected (default: %(default)s)",
+    )
+    srv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_S,
+        help="seconds a client has to send a request's body after its headers (default: %(default)s)",
+    )
+    srv.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -106,6 +120,9 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     for dest, minimum in _SERVER_MINIMUMS.items():
         if getattr(args, dest) < minimum:
             raise FlagError(dest, f"--{dest.replace('_', '-')} must be >= {minimum}, got {getattr(args, dest)}")
+    for dest in ("header_timeout", "body_timeout"):
+        if not getattr(args, dest) > 0:
+            raise FlagError(dest, f"--{dest.replace('_', '-')} must be > 0, got {getattr(args, dest)}")
     if not args.shutdown_timeout >= 0:
         raise FlagError("shutdown_timeout", f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms")):
@@ -142,6 +159,7 @@ def main(args: argparse.Namespace) -> int:
 
     from folio.engine.server.app import build_app
     from folio.engine.server.lifecycle import DrainingServer
+    from folio.engine.server.read_timeouts import ReadTimeouts, uvicorn_protocol
     from folio.engine.server.serving import ServingConfig
 
     logging.basicConfig(
@@ -181,6 +199,8 @@ def main(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=5,
+        # uvicorn bounds idle keep-alive connections only: slow-loris clients are closed by this guard
+        http=uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)),
     )
     server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
     server.run()

@@ -256,6 +256,19 @@ class ShadowSpec(Model):
     percent: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
+class NetworkPolicySpec(Model):
+    enabled: bool = Field(
+        default=True,
+        description="Render a NetworkPolicy that admits the engine pods' port only from this service's "
+        "routers, the operator and `metricsNamespaceLabels` (the engines have no authentication of their own).",
+    )
+    metrics_namespace_labels: dict[str, str] | None = Field(
+        default=None,
+        description="Also admit pods in namespaces with these labels (Prometheus scraping the engines' /metrics, "
+        "e.g. {kubernetes.io/metadata.name: monitoring}).",
+    )
+
+
 class InferenceServiceSpec(Model):
     model: ModelSource
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -265,6 +278,7 @@ class InferenceServiceSpec(Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     overflow: OverflowSpec | None = None
     shadow: ShadowSpec | None = None
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
 # --------------------------------------------------------------------------- status

@@ -42,6 +42,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -52,11 +53,16 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "PersistentVolumeClaim"),
     ("batch/v1", "Job"),
     ("policy/v1", "PodDisruptionBudget"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Where the router's pod mounts the overflow API key from `spec.overflow.apiKeySecretRef`.
+OVERFLOW_KEY_DIR = "/var/run/secrets/folio.dev/overflow"
+OVERFLOW_KEY_FILE = Path(OVERFLOW_KEY_DIR) / "api-key"
+# The ClusterRole the chart creates for every router; the operator only binds it (RoleBinding per service).
+ROUTER_CLUSTER_ROLE = "folio-router"
 
 
 # ----------------------------------------------------------------------------- labels
@@ -114,7 +120,7 @@ def router_name(isvc: str) -> str:
 
 
 def router_account_name(isvc: str) -> str:
-    """The router's ServiceAccount, Role and RoleBinding."""
+    """The router's ServiceAccount and RoleBinding."""
     return f"{isvc}-router"
 
 

@@ -211,11 +211,30 @@ class AnalysisSpec(Model):
     max_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
     max_latency_p99_increase_ms: float = Field(default=50.0, ge=0.0)
     max_time_to_first_token_p95_ms: float = Field(default=2000.0, gt=0.0)
+    request_timeout: Duration = Field(
+        default="60s", pattern=DURATION_RE.pattern,
+        description="A canary attempt with no first byte within this long, or a stream that stalls longer, "
+        "is a timeout: the router retries it on stable when nothing was sent yet.",
+    )  # fmt: skip
+    max_timeout_rate: float = Field(
+        default=0.05, ge=0.0, le=1.0, description="Share of the canary's attempts that may time out."
+    )
     prometheus: PrometheusSpec | None = None
+
+    @field_validator("request_timeout")
+    @classmethod
+    def _positive_timeout(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError("requestTimeout must be positive")
+        return value
 
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    @property
+    def request_timeout_seconds(self) -> float:
+        return parse_duration(self.request_timeout)
 
 
 MAX_ROLLOUT_STEPS = 10  # bounded so the API server can cost the CRD's CEL rules
@@ -305,6 +324,8 @@ class AnalysisSample(Lenient):
     latency_p99_ms: float | None = None
     stable_latency_p99_ms: float | None = None
     ttft_p95_ms: float | None = None
+    timeouts: int = 0
+    timeout_rate: float = 0.0
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
 

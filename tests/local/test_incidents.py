@@ -7,8 +7,11 @@ The figures these tests print are the ones bench/README.md records (run with ``-
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from folio.operator.analysis.windows import Figures, figures_from_windows, parse_router_metrics
+from folio.operator.local.supervisor import free_port
 from folio.operator.router import metric_names as m
 from folio.operator.testing.load import LoadGenerator
 from tests.local.test_e2e import FAST_ROLLOUT, NAME, Service, phase, revision_of, router_ready
@@ -117,6 +122,121 @@ def test_killed_stable_replica_is_ejected_without_client_errors_and_readmitted(s
           f"{stats.failed} failed")
     assert stats.failed == 0, stats.errors[:5]
     assert router_metric(up.router_url, m.EJECTED, replica=victim_url) == 0
+    assert up.stop() == 0
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def prometheus_binary() -> str:
+    for candidate in (os.environ.get("FOLIO_PROMETHEUS"), str(REPO / ".venv" / "tools" / "bin" / "prometheus")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("prometheus")
+    if found is None:
+        pytest.fail("prometheus not found: `make tools` unpacks Debian's prometheus package into .venv/tools")
+    return found
+
+
+class Prometheus:
+    """A real Prometheus server on loopback, scraping one router every second."""
+
+    def __init__(self, binary: str, root: Path, target: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = root / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            f"scrape_configs: [{{job_name: router, static_configs: [{{targets: ['{target}']}}]}}]\n"
+        )
+        self.log = (root / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited with {self.proc.returncode}; see {self.log.name}")
+        try:
+            return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def query(self, promql: str) -> float | None:
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5).json()
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def prometheus(service: Service, prometheus_binary: str) -> Iterator[Prometheus]:
+    prom = Prometheus(prometheus_binary, service.root, f"127.0.0.1:{service.port}")
+    try:
+        wait_for(prom.ready, 60, "Prometheus ready")
+        yield prom
+    finally:
+        prom.stop()
+
+
+def test_faulty_canary_is_rolled_back_on_promql_figures(service: Service, prometheus: Prometheus) -> None:
+    """`analysis.prometheus`: the samples come from a real Prometheus scraping the router `folio up` runs,
+    and PromQL's figures are the router's own."""
+    rollout: dict[str, Any] = {
+        **FAST_ROLLOUT,
+        "steps": [{"weight": 50, "pause": "1h"}],
+        # windows of 4 scrapes: increase() needs two samples inside its window
+        "analysis": {**FAST_ROLLOUT["analysis"], "interval": "4s", "prometheus": {"url": prometheus.url}},
+    }
+    v1 = service.manifest("v1", rollout=rollout)
+    faulty = service.manifest("faulty", {"faultErrorRate": 0.5}, rollout=rollout)
+    up = service.up(v1)
+    up.wait_for(lambda s: phase(s) == "Ready", 90, "the first revision serving")
+    wait_for(lambda: router_ready(up.router_url), 30, "the router serving the first revision")
+    wait_for(lambda: prometheus.query('up{job="router"}') == 1.0, 30, "Prometheus scraping the router")
+    canary = revision_of(faulty)
+    with LoadGenerator(up.router_url, NAME, concurrency=3, max_tokens=4) as load:
+        up.client.apply(_yaml(faulty))
+        snap = up.wait_for(lambda s: s["status"].get("failedRevisions"), 120, "the rollback on PromQL figures")
+    [failed] = snap["status"]["failedRevisions"]
+    assert failed["revision"] == canary and failed["reason"] == "AnalysisFailed"
+    decided = failed["lastAnalysis"]
+    assert decided["verdict"] == "Fail" and decided["requests"] >= 3
+    assert not any("baseline" in r or "could not be queried" in r for r in decided["reasons"])  # not a router scrape
+    assert "exceeds maxErrorRate" in failed["message"]
+    assert load.snapshot().failed == 0
+
+    # The canary takes no traffic any more (once the router has read its new config): its counters stand
+    # still. Once Prometheus has scraped them again, PromQL over its series gives what the router's own
+    # /metrics give.
+    sel = f'{{{m.ISVC}="{NAME}",{m.REVISION}="{canary}"'
+
+    def agreed() -> Figures | None:
+        text = httpx.get(f"{up.router_url}/metrics", timeout=5).text
+        router = figures_from_windows(parse_router_metrics(text, NAME), canary, None)
+        return router if prometheus.query(f"sum({m.REQUESTS}{sel}}})") == router.requests else None
+
+    router = wait_for(agreed, 15, "Prometheus holding the router's final counts", 0.2)
+    assert prometheus.query(f'sum({m.REQUESTS}{sel},{m.CODE}=~"5..|error"}})') == router.errors
+    for q, metric, mine in ((0.99, m.DURATION, router.latency_p99_ms), (0.95, m.TTFT, router.ttft_p95_ms)):
+        promql = prometheus.query(f"histogram_quantile({q}, sum by (le) ({metric}_bucket{sel}}}))")
+        assert promql is not None and mine is not None
+        assert promql * 1000.0 == pytest.approx(mine, rel=1e-9)
+    print(f"Prometheus: canary rolled back on PromQL figures ({decided['requests']} requests, error rate "
+          f"{decided['errorRate']:.2%} in the deciding interval); over its life {router.requests:.0f} requests, "
+          f"{router.errors:.0f} errors, p99 {router.latency_p99_ms:.1f} ms both ways")
     assert up.stop() == 0
 
 

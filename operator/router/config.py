@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from folio.operator.spec import DURATION_RE, OutlierDetectionSpec, describe_errors, parse_duration
+from folio.operator.spec import OutlierDetectionSpec, PositiveDuration, describe_errors, parse_duration
 
 # Not a revision: the label under which overflow attempts are counted in the metrics.
 OVERFLOW = "overflow"
@@ -72,7 +72,7 @@ class RouterConfig(_Wire):
     shadow: Shadow | None = None
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
     # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
-    request_timeout: str = Field(default=DEFAULT_REQUEST_TIMEOUT, pattern=DURATION_RE.pattern)
+    request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT
     api_keys: list[str] | None = None
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()
@@ -81,13 +81,6 @@ class RouterConfig(_Wire):
     @classmethod
     def _urls(cls, endpoints: dict[str, list[str]]) -> dict[str, list[str]]:
         return {rev: list(dict.fromkeys(_base_url(u) for u in urls)) for rev, urls in endpoints.items()}
-
-    @field_validator("request_timeout")
-    @classmethod
-    def _positive(cls, value: str) -> str:
-        if parse_duration(value) <= 0:
-            raise ValueError("requestTimeout must be positive")
-        return value
 
     @model_validator(mode="after")
     def _unique(self) -> RouterConfig:

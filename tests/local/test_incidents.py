@@ -7,7 +7,6 @@ The figures these tests print are the ones bench/README.md records (run with ``-
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -24,6 +23,7 @@ from folio.operator.local.supervisor import free_port
 from folio.operator.router import metric_names as m
 from folio.operator.testing.load import LoadGenerator
 from tests.local.test_e2e import FAST_ROLLOUT, NAME, Service, phase, revision_of, router_ready
+from tests.support.tools import find_tool
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -125,18 +125,9 @@ def test_killed_stable_replica_is_ejected_without_client_errors_and_readmitted(s
     assert up.stop() == 0
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 @pytest.fixture
 def prometheus_binary() -> str:
-    for candidate in (os.environ.get("FOLIO_PROMETHEUS"), str(REPO / ".venv" / "tools" / "bin" / "prometheus")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("prometheus")
-    if found is None:
-        pytest.fail("prometheus not found: `make tools` unpacks Debian's prometheus package into .venv/tools")
-    return found
+    return find_tool("prometheus")
 
 
 class Prometheus:

@@ -62,7 +62,7 @@ def test_bad_configs_say_what_is_wrong(text: str, fragment: str) -> None:
     [({"overflow": {"url": "ftp://x"}}, "overflow ignored: overflow.url"),
      ({"overflow": {"url": "api.example.com"}}, "overflow ignored"),
      ({"shadow": {"percent": -1}}, "shadow ignored: shadow.percent"),
-     ({"requestTimeout": "0s"}, "requestTimeout ignored: requestTimeout: Value error, requestTimeout must be positive"),
+     ({"requestTimeout": "0s"}, "requestTimeout ignored: requestTimeout: Value error, the duration must be positive"),
      ({"requestTimeout": "soon"}, "requestTimeout ignored")],
 )
 def test_a_bad_optional_part_is_dropped_and_reported_not_fatal(part: dict, fragment: str) -> None:

@@ -13,9 +13,17 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.folio.dev"
@@ -76,6 +84,15 @@ class Model(BaseModel):
 
 
 Duration = str  # validated with DURATION_RE where used
+
+
+def _positive(value: str) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError("the duration must be positive")
+    return value
+
+
+PositiveDuration = Annotated[str, Field(pattern=DURATION_RE.pattern), AfterValidator(_positive)]
 
 
 # ----------------------------------------------------------------------------- spec
@@ -159,20 +176,12 @@ class OutlierDetectionSpec(Model):
     consecutive_errors: int = Field(
         default=5, ge=1, description="Consecutive 5xx answers, connection failures or timeouts that eject a replica."
     )
-    base_ejection_time: Duration = Field(
-        default="30s", pattern=DURATION_RE.pattern,
-        description="Ejection time, times the number of ejections so far, capped at 300s.",
-    )  # fmt: skip
+    base_ejection_time: PositiveDuration = Field(
+        default="30s", description="Ejection time, times the number of ejections so far, capped at 300s."
+    )
     max_ejection_percent: int = Field(
         default=50, ge=0, le=100, description="At most this share of a revision's replicas is ejected at once."
     )
-
-    @field_validator("base_ejection_time")
-    @classmethod
-    def _positive(cls, value: str) -> str:
-        if parse_duration(value) <= 0:
-            raise ValueError("baseEjectionTime must be positive")
-        return value
 
     @property
     def base_ejection_seconds(self) -> float:
@@ -211,11 +220,23 @@ class AnalysisSpec(Model):
     max_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
     max_latency_p99_increase_ms: float = Field(default=50.0, ge=0.0)
     max_time_to_first_token_p95_ms: float = Field(default=2000.0, gt=0.0)
+    request_timeout: PositiveDuration = Field(
+        default="60s",
+        description="A canary attempt with no first byte within this long, or a stream that stalls longer, "
+        "is a timeout: the router retries it on stable when nothing was sent yet.",
+    )
+    max_timeout_rate: float = Field(
+        default=0.05, ge=0.0, le=1.0, description="Share of the canary's attempts that may time out."
+    )
     prometheus: PrometheusSpec | None = None
 
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    @property
+    def request_timeout_seconds(self) -> float:
+        return parse_duration(self.request_timeout)
 
 
 MAX_ROLLOUT_STEPS = 10  # bounded so the API server can cost the CRD's CEL rules
@@ -319,6 +340,8 @@ class AnalysisSample(Lenient):
     latency_p99_ms: float | None = None
     stable_latency_p99_ms: float | None = None
     ttft_p95_ms: float | None = None
+    timeouts: int = 0
+    timeout_rate: float = 0.0
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
 

@@ -1,7 +1,8 @@
 """The canary verdict: decided here, from one interval's figures and the spec's thresholds.
 
 Fewer than ``minRequests`` canary requests is *Inconclusive* (never a pass); otherwise *Fail* when
-any threshold is exceeded (error rate, p99 latency above stable's, TTFT p95), else *Pass*. The
+any threshold is exceeded (error rate, timeout rate, p99 latency above stable's, TTFT p95), else
+*Pass*. Timeouts (the router's ``code="timeout"``) are not errors: they have their own limit. The
 reasons say which figure broke which limit; they end up in status and in Events.
 """
 
@@ -18,6 +19,8 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
     """The verdict on one interval, with the figures and the reasons behind it."""
     requests, errors = round(figures.requests), round(figures.errors)
     rate = errors / requests if requests else 0.0
+    timeouts = round(figures.timeouts)
+    timeout_rate = timeouts / requests if requests else 0.0
     reasons: list[str] = list(notes)
     if requests < spec.min_requests:
         verdict = "Inconclusive"
@@ -27,6 +30,11 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         if rate > spec.max_error_rate:
             failures.append(
                 f"error rate {rate:.2%} ({errors}/{requests}) exceeds maxErrorRate {spec.max_error_rate:.2%}"
+            )
+        if timeout_rate > spec.max_timeout_rate:
+            failures.append(
+                f"timeout rate {timeout_rate:.2%} ({timeouts}/{requests}) exceeds maxTimeoutRate "
+                f"{spec.max_timeout_rate:.2%} (requestTimeout {spec.request_timeout})"
             )
         p99, stable_p99 = figures.latency_p99_ms, figures.stable_latency_p99_ms
         if p99 is not None and stable_p99 is not None:
@@ -43,7 +51,7 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
                 f"{spec.max_time_to_first_token_p95_ms:g}"
             )
         verdict = "Fail" if failures else "Pass"
-        reasons += failures or ["error rate, latency and time to first token within limits"]
+        reasons += failures or ["error rate, timeout rate, latency and time to first token within limits"]
     return AnalysisSample(
         at=now_iso(as_utc(now)),
         requests=requests,
@@ -52,6 +60,8 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         latency_p99_ms=figures.latency_p99_ms,
         stable_latency_p99_ms=figures.stable_latency_p99_ms,
         ttft_p95_ms=figures.ttft_p95_ms,
+        timeouts=timeouts,
+        timeout_rate=timeout_rate,
         verdict=verdict,
         reasons=reasons,
     )

@@ -35,6 +35,10 @@ class RevisionWindow:
     def errors(self) -> float:
         return sum(n for code, n in self.codes.items() if m.is_error(code))
 
+    @property
+    def timeouts(self) -> float:
+        return self.codes.get(m.TIMEOUT, 0.0)
+
 
 Snapshot = dict[str, RevisionWindow]  # revision -> counters
 
@@ -137,6 +141,7 @@ class Figures:
     latency_p99_ms: float | None
     stable_latency_p99_ms: float | None
     ttft_p95_ms: float | None
+    timeouts: float = 0.0
 
 
 NO_FIGURES = Figures(0.0, 0.0, None, None, None)
@@ -151,6 +156,7 @@ def figures_from_windows(window: Snapshot, canary: str, stable: str | None) -> F
         latency_p99_ms=ms(histogram_quantile(0.99, c.duration)),
         stable_latency_p99_ms=ms(histogram_quantile(0.99, s.duration)),
         ttft_p95_ms=ms(histogram_quantile(0.95, c.ttft)),
+        timeouts=c.timeouts,
     )
 
 

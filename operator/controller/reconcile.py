@@ -171,7 +171,9 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         logger.log(logging.INFO if event.type == "Normal" else logging.WARNING, "%s: %s", event.reason, event.message)
-    schedule.after(decision.requeue_after)
+    ended = datetime.now(timezone.utc)
+    sampler.restart(spec.rollout.analysis, decision.status, ended)  # a canary's samples count from its traffic
+    schedule.after(sampler.requeue(decision.requeue_after, decision.status, ended))
     return "ok"
 
 

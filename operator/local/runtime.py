@@ -166,8 +166,9 @@ class LocalRuntime:
             await self.step()
             self._wake.clear()
             # a tick, or sooner when an apply, an override or a finished pre-pull asks for it
+            wait = self.analysis.requeue(TICK_S, self.saved.status, datetime.now(timezone.utc))
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                await asyncio.wait_for(self._wake.wait(), wait)
 
     async def step(self) -> None:
         """One observe → decide → act round."""
@@ -185,6 +186,7 @@ class LocalRuntime:
             overrides=frozenset(self.saved.overrides),
         )
         decision = advance(self.spec, self.saved.generation, status, observed)
+        self.analysis.restart(self.spec.rollout.analysis, decision.status, datetime.now(timezone.utc))
         for event in decision.events:
             self._on_event(event)
         changed = decision.status != status or bool(decision.overrides_done)

@@ -174,6 +174,8 @@ def describe_sample(sample: AnalysisSample, spec: InferenceServiceSpec) -> str:
         f"{sample.requests} requests (min {a.min_requests})",
         f"error rate {sample.error_rate:.2%} (max {a.max_error_rate:.2%})",
     ]
+    if sample.timeouts:
+        parts.append(f"timeout rate {sample.timeout_rate:.2%} (max {a.max_timeout_rate:.2%})")
     if sample.latency_p99_ms is not None and sample.stable_latency_p99_ms is not None:
         diff = sample.latency_p99_ms - sample.stable_latency_p99_ms
         parts.append(

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-timeout",
         type=float,
         default=600.0,
-        help="seconds to wait for an upstream's headers or next chunk (default 600)",
+        help="seconds an upstream may take to its first byte, and then between chunks; a canary gets "
+        "requestTimeout from the config when that is shorter (default 600)",
     )
     parser.add_argument(
         "--header-timeout",

@@ -10,7 +10,8 @@ from __future__ import annotations
 # Label names. Every series is per InferenceService and revision.
 ISVC = "isvc"
 REVISION = "revision"
-CODE = "code"  # the upstream's HTTP status, or "error" when it never answered
+CODE = "code"  # the upstream's HTTP status, "error" when it never answered, "timeout" when too late
+TIMEOUT = "timeout"  # the code of an attempt that timed out (router/timeouts.py)
 
 # Upstream attempts by revision and outcome: requests and errors of the analysis.
 REQUESTS = "folio_router_requests_total"

@@ -34,6 +34,7 @@ def write_manifest(
     replicas: int = 1,
     rollout: dict[str, Any] | None = None,
     served_name: str | None = None,
+    router: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -48,6 +49,7 @@ def write_manifest(
             "replicas": replicas,
             "engine": {"args": args or {}},
             "rollout": rollout or {},
+            **({"router": router} if router else {}),
         },
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -22,3 +22,15 @@ def test_verdicts_and_their_reasons() -> None:
     assert failed.verdict == "Fail"
     assert failed.reasons == ["TTFT p95 800 ms exceeds maxTimeToFirstTokenP95Ms 500"]
     assert failed.at == "2026-03-01T12:00:00Z"
+
+
+def test_timeouts_have_their_own_limit_and_are_not_errors() -> None:
+    def figures(timeouts: int) -> Figures:
+        return Figures(requests=100, errors=0, latency_p99_ms=100, stable_latency_p99_ms=100, ttft_p95_ms=200,
+                       timeouts=timeouts)  # fmt: skip
+
+    within = judge(figures(5), SPEC, T0)
+    assert within.verdict == "Pass" and (within.timeouts, within.timeout_rate) == (5, 0.05)
+    over = judge(figures(6), SPEC, T0)
+    assert over.verdict == "Fail" and over.error_rate == 0.0
+    assert over.reasons == ["timeout rate 6.00% (6/100) exceeds maxTimeoutRate 5.00% (requestTimeout 60s)"]

@@ -34,6 +34,7 @@ class FakeUpstream:
     health_status: int = 200
     gate: asyncio.Event | None = None  # streaming: hold the rest of the stream until set
     hold: asyncio.Event | None = None  # hold every completion (before headers) until set
+    hold_body: asyncio.Event | None = None  # streaming: send the headers, hold the first chunk until set
     break_stream: bool = False  # streaming: drop the connection after the first chunk
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0  # answers cut short because the client (the router) went away
@@ -60,6 +61,9 @@ class FakeUpstream:
                 return web.json_response({"served_by": self.name, "choices": [{"text": "hi"}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
+            if self.hold_body is not None:
+                await resp.write(b"")  # puts the buffered headers on the wire, and no body byte
+                await self.hold_body.wait()
             await resp.write(f'data: {{"served_by": "{self.name}", "n": 1}}\n\n'.encode())
             if self.break_stream:
                 assert request.transport is not None
@@ -92,7 +96,8 @@ async def serving(*upstreams: FakeUpstream) -> AsyncIterator[None]:
     runners: list[web.AppRunner] = []
     try:
         for up in upstreams:
-            runner = web.AppRunner(up.app(), handle_signals=False, access_log=None)
+            # like uvicorn under the engine, a client (the router) that leaves cancels its request
+            runner = web.AppRunner(up.app(), handle_signals=False, access_log=None, handler_cancellation=True)
             await runner.setup()
             runners.append(runner)
             port = int(up.url.rsplit(":", 1)[1]) if up.url else 0  # a restarted fake keeps its address
@@ -102,7 +107,7 @@ async def serving(*upstreams: FakeUpstream) -> AsyncIterator[None]:
         yield
     finally:
         for up in upstreams:  # release anything still parked so shutdown does not wait on it
-            for event in (up.gate, up.hold):
+            for event in (up.gate, up.hold, up.hold_body):
                 if event is not None:
                     event.set()
         for runner in runners:

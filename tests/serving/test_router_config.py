@@ -45,7 +45,9 @@ def test_the_canary_serves_only_with_a_positive_weight() -> None:
 def test_the_wire_form_is_what_the_file_source_reads() -> None:
     cfg = router_config(make_spec(), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
     assert RouterConfig.parse(cfg.to_wire()) == cfg
-    assert set(cfg.to_wire()) == {"traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection"}
+    assert set(cfg.to_wire()) == {
+        "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
+    }  # fmt: skip
 
 
 def test_the_spec_outlier_detection_reaches_the_router() -> None:
@@ -54,3 +56,11 @@ def test_the_spec_outlier_detection_reaches_the_router() -> None:
         "outlier_detection": OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")})})
     cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
     assert cfg.outlier_detection == OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")
+
+
+def test_the_analysis_request_timeout_reaches_the_router() -> None:
+    spec = make_spec()
+    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 60.0  # the spec's default
+    analysis = spec.rollout.analysis.model_copy(update={"request_timeout": "1500ms"})
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"analysis": analysis})})
+    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 1.5

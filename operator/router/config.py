@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from folio.operator.spec import OutlierDetectionSpec, describe_errors
+from folio.operator.spec import LoadBalancingSpec, OutlierDetectionSpec, describe_errors
 
 # Not a revision: the label under which overflow attempts are counted in the metrics.
 OVERFLOW = "overflow"
@@ -58,7 +58,7 @@ class Shadow(_Wire):
 
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
-OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection")
+OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "loadBalancing")
 
 
 class RouterConfig(_Wire):
@@ -70,6 +70,7 @@ class RouterConfig(_Wire):
     overflow: Overflow | None = None
     shadow: Shadow | None = None
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
     api_keys: list[str] | None = None
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()

@@ -42,6 +42,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -54,6 +55,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),  # opt-in; kopf skips it where its CRD is absent
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

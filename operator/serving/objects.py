@@ -29,6 +29,7 @@ from folio.operator.k8s.names import (
 )
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.spec import (
     API_VERSION,
@@ -68,6 +69,9 @@ class PlanSettings:
     image: str = DEFAULT_IMAGE  # the operator's own image: router and pre-pull run it
     # Engines on several nodes read one cache: ReadWriteMany (ReadWriteOnce for a one-node cluster).
     cache_access_modes: tuple[str, ...] = ("ReadWriteMany",)
+    # InferencePool for specs that leave `router.inferencePool` unset, and its endpoint picker's port (0: none)
+    inference_pool: bool = False
+    endpoint_picker_port: int = DEFAULT_PICKER_PORT
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -107,6 +111,8 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
         out.append(engine_service(owner, rev.name))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
+    if wanted(spec.router.inference_pool, settings.inference_pool):
+        out.append(inference_pool(owner.name, owner.namespace, ref, picker_port=settings.endpoint_picker_port))
     return out
 
 

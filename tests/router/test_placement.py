@@ -8,8 +8,10 @@ from collections import Counter
 import pytest
 
 from folio.operator.router import metric_names as m
+from folio.operator.router.affinity import affinity_key
 from folio.operator.router.config import RouterConfig
 from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.ring import HashRing, key_hash
 from folio.operator.router.state import RoutingState
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
@@ -74,9 +76,15 @@ async def test_a_hot_prefix_spills_to_other_replicas_instead_of_piling_up(router
         assert hits + spills == 12 and spills >= 12 - 4
         hold.set()
         await asyncio.gather(*pending)
-        # once the burst is over the prefix goes home again
-        home = max(fleet, key=lambda u: len(u.seen))
-        assert await _chat(r, _system(0), "later") == home.name
+        # once the burst is over the prefix goes home again: to its owner on the ring
+        body = {"messages": [{"role": "system", "content": _system(0)}, {"role": "user", "content": "later"}]}
+        key = affinity_key(body, [], r.app.state.balancer.settings.prefix_char_length)
+        assert key is not None
+        owner = HashRing(r.app.state.balancer.pool("r1"), lambda x: x.url).owner(key_hash(key))
+        assert owner is not None
+        home = next(u for u in fleet if u.url == owner.url)
+        assert len(home.seen) == 4  # the owner took its full share of the burst
+        assert {await _chat(r, _system(0), f"later {i}") for i in range(3)} == {home.name}
 
 
 async def test_sessions_and_users_stay_together_without_sharing_a_prefix(router: RouterFactory) -> None:

@@ -188,11 +188,35 @@ class OutlierDetectionSpec(Model):
         return parse_duration(self.base_ejection_time)
 
 
+class LoadBalancingSpec(Model):
+    """How the router places a request on one of its revision's replicas (`folio.operator.router.ring`)."""
+
+    strategy: Literal["PrefixHash", "LeastLoaded"] = Field(
+        default="PrefixHash",
+        description="PrefixHash: a consistent-hash ring over the request's prefix (or user / x-session-id) "
+        "with bounded loads, so repeated prefixes meet their KV cache; LeastLoaded: the least busy replica.",
+    )
+    prefix_char_length: int = Field(
+        default=100, ge=1, le=100_000,
+        description="Characters of the rendered chat prefix or the prompt that make the affinity key.",
+    )  # fmt: skip
+    mean_load_factor: float = Field(
+        default=1.25, ge=1.0, le=100.0,
+        description="A replica above this times the mean load passes a request on along the ring.",
+    )  # fmt: skip
+
+
 class RouterSpec(Model):
     replicas: int = Field(default=2, ge=0, le=MAX_ROUTER_REPLICAS)
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    inference_pool: bool | None = Field(
+        default=None,
+        description="Also publish a Gateway API inference-extension InferencePool "
+        "(inference.networking.k8s.io/v1) over the engine pods; unset: the operator's default.",
+    )
 
 
 class CacheSpec(Model):

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority of this replica (default: random, so replicas of one "
                         "Deployment never tie; kopf pauses every peer of equal priority)")
+    parser.add_argument("--inference-pool", action=argparse.BooleanOptionalAction, default=False,
+                        help="publish a Gateway API InferencePool for InferenceServices that leave "
+                        "spec.router.inferencePool unset (default: no)")
+    parser.add_argument("--endpoint-picker-port", type=int, default=9002, metavar="PORT",
+                        help="port of each InferencePool's endpoint picker Service {name}-epp (0: no endpointPickerRef)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -85,7 +90,8 @@ def main(args: argparse.Namespace) -> int:
                                  cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]),
                                  router_cluster_role=args.router_cluster_role,
                                  operator_namespace=os.environ.get("POD_NAMESPACE") or None,
-                                 operator_labels=operator_labels)
+                                 operator_labels=operator_labels,
+                                 inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port)
     ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds)
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -43,6 +43,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -55,6 +56,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),  # opt-in; kopf skips it where its CRD is absent
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from folio.operator.spec import OutlierDetectionSpec, PositiveDuration, describe_errors, parse_duration
+from folio.operator.spec import (
+    LoadBalancingSpec,
+    OutlierDetectionSpec,
+    PositiveDuration,
+    describe_errors,
+    parse_duration,
+)
 
 # Not a revision: the label under which overflow attempts are counted in the metrics.
 OVERFLOW = "overflow"
@@ -58,7 +64,7 @@ class Shadow(_Wire):
 
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
-OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout")
+OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing")
 DEFAULT_REQUEST_TIMEOUT = "60s"  # the spec's analysis.requestTimeout default
 
 
@@ -73,6 +79,7 @@ class RouterConfig(_Wire):
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
     # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
     request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
     api_keys: list[str] | None = None
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()

@@ -27,6 +27,11 @@ REPLICA = "replica"  # a replica's base URL
 EJECTIONS = "folio_router_ejections_total"
 EJECTED = "folio_router_replica_ejected"
 OVERFLOW_REQUESTS = "folio_router_overflow_requests_total"
+# Requests placed by their affinity key: on the key's own replica (hit) or passed on for load (spill).
+PREFIX_AFFINITY = "folio_router_prefix_affinity_total"
+RESULT = "result"
+AFFINITY_HIT = "hit"
+AFFINITY_SPILL = "spill"
 
 
 def is_error(code: str) -> bool:

@@ -67,6 +67,11 @@ class RouterMetrics:
             m.OVERFLOW_REQUESTS, "Requests forwarded to the overflow endpoint, by its answer.", [m.ISVC, m.CODE],
             registry=r,
         )
+        self.prefix_affinity = Counter(
+            m.PREFIX_AFFINITY,
+            "Requests placed by prefix or session affinity: on the key's replica (hit) or passed on for load (spill).",
+            [*per_revision, m.RESULT], registry=r,
+        )  # fmt: skip
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 
@@ -99,6 +104,9 @@ class RouterMetrics:
         if ejected:
             self._child(self.ejections, revision, replica).inc()
         self._child(self.ejected, revision, replica).set(1 if ejected else 0)
+
+    def affinity(self, revision: str, spilled: bool) -> None:
+        self._child(self.prefix_affinity, revision, m.AFFINITY_SPILL if spilled else m.AFFINITY_HIT).inc()
 
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()

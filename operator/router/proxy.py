@@ -56,6 +56,7 @@ class ProxyRequest:
     body: bytes
     mirror: bool = False  # may be shadowed to the canary
     use_split: bool = True  # False: always the stable revision (e.g. /v1/models)
+    affinity: str | None = None  # the prefix or session key placement follows (`affinity.affinity_key`)
 
 
 @dataclass
@@ -116,7 +117,7 @@ class Proxy:
         stable = config.stable_revision
         primary = state.split.choose() if req.use_split else stable
         # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
-        replica = balancer.pick(primary) or balancer.pick_any([stable], exclude=())
+        replica = balancer.pick(primary, key=req.affinity) or balancer.pick_any([stable], exclude=())
         if req.mirror and replica is not None:
             self._maybe_shadow(req, replica.revision)
 

@@ -32,6 +32,7 @@ from folio.operator.k8s.names import (
 )
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
 from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.serving.security import harden
@@ -79,6 +80,9 @@ class PlanSettings:
     # Where the operator's own pods run, and their labels: the engines' NetworkPolicy admits them.
     operator_namespace: str | None = None
     operator_labels: tuple[tuple[str, str], ...] = ()
+    # InferencePool for specs that leave `router.inferencePool` unset, and its endpoint picker's port (0: none)
+    inference_pool: bool = False
+    endpoint_picker_port: int = DEFAULT_PICKER_PORT
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -125,6 +129,8 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
     )
     if policy is not None:
         out.append(policy)
+    if wanted(spec.router.inference_pool, settings.inference_pool):
+        out.append(inference_pool(owner.name, owner.namespace, ref, picker_port=settings.endpoint_picker_port))
     return out
 
 

@@ -45,6 +45,7 @@ def router_config(
     if spec is not None:
         data["outlierDetection"] = spec.router.outlier_detection.to_wire()
         data["requestTimeout"] = spec.rollout.analysis.request_timeout
+        data["loadBalancing"] = spec.router.load_balancing.to_wire()
     if spec is not None and spec.overflow is not None:
         data["overflow"] = {"url": spec.overflow.url, "apiKey": overflow_api_key}
     return RouterConfig.parse(data)

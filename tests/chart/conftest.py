@@ -38,6 +38,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "priorityClassName": "system-cluster-critical",
             "extraArgs": ["--verbose"],
             "extraEnv": [{"name": "FOLIO_EXTRA", "value": "1"}],
+            "inferencePool": {"enabled": True, "endpointPickerPort": 9100},
             "podAnnotations": {"example.com/team": "ml"},
         },
     },

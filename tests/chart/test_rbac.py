@@ -30,6 +30,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
     ("", "pods"): frozenset({"list", "watch"}),
     ("", "events"): frozenset({"create"}),
+    # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
+    ("inference.networking.k8s.io", "inferencepools"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
 }
 # `bind` on exactly one ClusterRole (the chart's router role), never on anything else.
 BIND = ("rbac.authorization.k8s.io", "clusterroles")
@@ -124,6 +126,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
+        ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:

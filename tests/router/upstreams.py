@@ -36,6 +36,8 @@ class FakeUpstream:
     hold: asyncio.Event | None = None  # hold every completion (before headers) until set
     hold_body: asyncio.Event | None = None  # streaming: send the headers, hold the first chunk until set
     break_stream: bool = False  # streaming: drop the connection after the first chunk
+    metrics: str = ""  # the /metrics page (Prometheus text), as an engine would expose its load
+    metrics_status: int = 200
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
@@ -46,7 +48,11 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics, status=self.metrics_status, content_type="text/plain")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from folio.operator.router.config import RouterConfig
 from folio.operator.serving.router import routable, router_config
-from folio.operator.spec import CanaryStatus, InferenceServiceStatus, OutlierDetectionSpec, TrafficTarget
+from folio.operator.spec import (
+    CanaryStatus,
+    InferenceServiceStatus,
+    LoadBalancingSpec,
+    OutlierDetectionSpec,
+    TrafficTarget,
+)
 from tests.serving.helpers import make_spec
 
 
@@ -47,7 +53,18 @@ def test_the_wire_form_is_what_the_file_source_reads() -> None:
     assert RouterConfig.parse(cfg.to_wire()) == cfg
     assert set(cfg.to_wire()) == {
         "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
+        "loadBalancing",
     }  # fmt: skip
+
+
+def test_the_spec_load_balancing_reaches_the_router() -> None:
+    spec = make_spec()
+    chosen = LoadBalancingSpec(strategy="LeastLoaded", prefix_char_length=400, mean_load_factor=1.5)
+    spec = spec.model_copy(update={"router": spec.router.model_copy(update={"load_balancing": chosen})})
+    cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
+    assert cfg.load_balancing == chosen
+    default = router_config(make_spec(), status(("s1", 100)), {"s1": ["http://a:1"]}).load_balancing
+    assert (default.strategy, default.prefix_char_length, default.mean_load_factor) == ("PrefixHash", 100, 1.25)
 
 
 def test_the_spec_outlier_detection_reaches_the_router() -> None:

@@ -31,7 +31,7 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("", "pods"): frozenset({"list", "watch"}),
     ("", "events"): frozenset({"create"}),
     # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
-    ("inference.networking.k8s.io", "inferencepools"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }
 # `bind` on exactly one ClusterRole (the chart's router role), never on anything else.
 BIND = ("rbac.authorization.k8s.io", "clusterroles")

@@ -1,6 +1,6 @@
 """What the operator really calls on the API server, recorded, against the chart's RBAC allow-list.
 
-A whole lifecycle (create with an overflow key, weights verified, serving, a new revision, delete) runs
+A whole lifecycle (create with an overflow key and an InferencePool, weights verified, serving, a new revision, delete) runs
 against the emulator, which records every request the operator makes (kopf's and the executor's; the
 test's own requests carry a marker header). Each (group, resource, verb) it made must be granted
 (tests/chart/test_rbac.py's ALLOWED), and each granted one must have been made, but for the few
@@ -53,7 +53,10 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
     declare_resources(kmock)
     cluster = Cluster(kmock)
     cluster.kube.client.set_default_header(TEST_CLIENT, "1")
-    manifest = isvc_manifest(overflow={"url": "https://api.example", "apiKeySecretRef": {"name": "overflow-key"}})
+    manifest = isvc_manifest(
+        overflow={"url": "https://api.example", "apiKeySecretRef": {"name": "overflow-key"}},
+        router={"inferencePool": True},  # opt-in, so only a lifecycle that asks for one calls its verbs
+    )
     async with running_operator(cluster.server):
         await bring_up(cluster, manifest)
         await cluster.update_spec("chat", {"engine": {"args": {"maxModelLen": 1024}}})  # a new revision: canary

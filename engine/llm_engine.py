@@ -18,6 +18,7 @@ from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
+from folio.engine.prompt_logits import LogitNoise
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import Scheduler
 from folio.engine.sequence import Sequence
@@ -66,6 +67,7 @@ class LLMEngine:
             model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
             max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
         )
+        self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
         self._seqs: dict[str, Sequence] = {}
         self.num_failed_steps = 0
         self._failing_streak = 0

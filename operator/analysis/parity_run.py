@@ -16,13 +16,20 @@ import asyncio
 import base64
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timezone
 
 import httpx
 import numpy as np
 
 from folio.operator.analysis.parity import ParityAnswer, compare
 from folio.operator.analysis.parity_suite import SuiteError, SuitePrompt
-from folio.operator.spec import ParityReport, ParitySpec
+from folio.operator.spec import (
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    ParityReport,
+    ParitySpec,
+    now_iso,
+)
 
 PATH = "/folio/v1/parity"
 BATCH = 16
@@ -176,3 +183,35 @@ class GateRunner:
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task, self._key = None, None
+
+
+def poll_gate(
+    runner: GateRunner,
+    client: httpx.AsyncClient,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    now: datetime,
+    *,
+    urls: Callable[[str], Sequence[str]],
+    load_suite: Callable[[], Awaitable[list[SuitePrompt]]],
+) -> ParityReport | None:
+    """What the operator's passes and `folio up`'s ticks call: runs the gate that is due (in the
+    background) and returns its report once it is done. ``urls`` gives a revision's replica base URLs."""
+    from folio.operator.rollout import parity_gate
+
+    key = parity_gate.due(spec, status, now)
+    gate = spec.rollout.parity
+
+    async def start() -> ParityReport:
+        assert key is not None and gate is not None
+        canary, stable = key
+        at = lambda: now_iso(datetime.now(timezone.utc))  # noqa: E731
+        sides = {rev: list(urls(rev)) for rev in (canary, stable)}
+        missing = [rev for rev, found in sides.items() if not found]
+        if missing:
+            return ParityReport(revision=canary, stable_revision=stable, at=at(), verdict="Error",
+                                message=f"no replica address for revision {', '.join(missing)}")
+        return await run_gate(client, stable_url=sides[stable][0], canary_url=sides[canary][0],
+                              load_suite=load_suite, spec=gate, revision=canary, stable_revision=stable, now=at)
+
+    return runner.poll(key, start)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
@@ -187,7 +188,7 @@ class GateRunner:
 
 def poll_gate(
     runner: GateRunner,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | None,
     spec: InferenceServiceSpec,
     status: InferenceServiceStatus,
     now: datetime,
@@ -196,7 +197,8 @@ def poll_gate(
     load_suite: Callable[[], Awaitable[list[SuitePrompt]]],
 ) -> ParityReport | None:
     """What the operator's passes and `folio up`'s ticks call: runs the gate that is due (in the
-    background) and returns its report once it is done. ``urls`` gives a revision's replica base URLs."""
+    background) and returns its report once it is done. ``urls`` gives a revision's replica base URLs;
+    ``client`` None: the gate opens (and closes) a client of its own."""
     from folio.operator.rollout import parity_gate
 
     key = parity_gate.due(spec, status, now)
@@ -211,7 +213,9 @@ def poll_gate(
         if missing:
             return ParityReport(revision=canary, stable_revision=stable, at=at(), verdict="Error",
                                 message=f"no replica address for revision {', '.join(missing)}")
-        return await run_gate(client, stable_url=sides[stable][0], canary_url=sides[canary][0],
-                              load_suite=load_suite, spec=gate, revision=canary, stable_revision=stable, now=at)
+        async with contextlib.AsyncExitStack() as stack:
+            http = client or await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+            return await run_gate(http, stable_url=sides[stable][0], canary_url=sides[canary][0],
+                                  load_suite=load_suite, spec=gate, revision=canary, stable_revision=stable, now=at)
 
     return runner.poll(key, start)

@@ -36,6 +36,7 @@ class FakeUpstream:
     hold: asyncio.Event | None = None  # hold every completion (before headers) until set
     break_stream: bool = False  # streaming: drop the connection after the first chunk
     seen: list[Seen] = field(default_factory=list)
+    text: str = "hi"  # each choice's text (shadow comparison tells answers apart by it)
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
 
@@ -57,7 +58,7 @@ class FakeUpstream:
                 err = {"error": {"message": f"{self.name} failed", "type": "x", "param": None, "code": None}}
                 return web.json_response(err, status=self.status)
             if not json.loads(body).get("stream"):
-                return web.json_response({"served_by": self.name, "choices": [{"text": "hi"}]})
+                return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await resp.write(f'data: {{"served_by": "{self.name}", "n": 1}}\n\n'.encode())
@@ -67,7 +68,8 @@ class FakeUpstream:
                 return resp
             if self.gate is not None:
                 await self.gate.wait()
-            await resp.write(f'data: {{"served_by": "{self.name}", "n": 2}}\n\n'.encode())
+            choice = json.dumps({"served_by": self.name, "n": 2, "choices": [{"index": 0, "text": self.text}]})
+            await resp.write(f"data: {choice}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp

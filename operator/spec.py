@@ -211,6 +211,10 @@ class AnalysisSpec(Model):
     max_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
     max_latency_p99_increase_ms: float = Field(default=50.0, ge=0.0)
     max_time_to_first_token_p95_ms: float = Field(default=2000.0, gt=0.0)
+    min_shadow_match_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Least share of compared shadow answers matching the primary's (needs shadow.percent > 0).",
+    )
     prometheus: PrometheusSpec | None = None
 
     @property
@@ -338,6 +342,7 @@ class AnalysisSample(Lenient):
     latency_p99_ms: float | None = None
     stable_latency_p99_ms: float | None = None
     ttft_p95_ms: float | None = None
+    shadow_match_rate: float | None = None  # of the interval's compared shadow answers, when there were any
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
 

@@ -191,6 +191,8 @@ def describe_sample(sample: AnalysisSample, spec: InferenceServiceSpec) -> str:
         )
     if sample.ttft_p95_ms is not None:
         parts.append(f"TTFT p95 {sample.ttft_p95_ms:.0f} ms (max {a.max_time_to_first_token_p95_ms:.0f} ms)")
+    if sample.shadow_match_rate is not None:
+        parts.append(f"shadow match {sample.shadow_match_rate:.1%}")
     figures = ", ".join(parts)
     why = f": {'; '.join(sample.reasons)}" if sample.reasons else ""
     return f"{sample.verdict}{why} [{figures}]"

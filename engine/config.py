@@ -37,6 +37,7 @@ class EngineConfig:
     # Off: a prompt is prefilled in one step (the budget then has to cover max_model_len).
     enable_chunked_prefill: bool = True
     tokenizer: str | None = None  # a tokenizer folder; default: the model folder / the GGUF's vocabulary
+    fault_logit_noise: float = 0.0  # test aid: Gaussian noise of this std on the logits (folio.engine.prompt_logits)
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -58,6 +59,8 @@ class EngineConfig:
             raise bad("max_num_seqs", ">= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise bad("max_num_batched_tokens", ">= 1")
+        if not 0 <= self.fault_logit_noise < float("inf"):
+            raise bad("fault_logit_noise", "a finite number >= 0")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
+from folio.engine.prompt_logits import LogitNoise
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import Scheduler
 from folio.engine.sequence import Sequence
@@ -83,6 +84,7 @@ class LLMEngine:
             )
             num_blocks = self._num_kv_blocks(model_config, kv_budget)
             self.runner.resize_kv_cache(num_blocks, enforce_eager=config.enforce_eager)
+        self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
         warm_up_kernels(self.runner, model_config.max_model_len)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from folio.engine import prompt_logits
 from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
@@ -80,6 +81,8 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class ModelRunner:
+    logit_noise: prompt_logits.LogitNoise | None = None  # the --fault-logit-noise test aid, set by the engine
+
     def __init__(
         self,
         model: DecoderLM,
@@ -155,11 +158,17 @@ class ModelRunner:
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, self.kv_caches, ctx)
+        if prompt_logits.wanted(inputs):
+            prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         sampling = inputs.sampling
         if not sampling:
             return [], None
-        logits = self.model.compute_logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
+        logits = self._logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
         return sampling, self.sampler(logits, [s.seq for s in sampling])
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.compute_logits(hidden)
+        return logits if self.logit_noise is None else self.logit_noise(logits)
 
     def _decode_context(
         self, ctx: AttentionContext, decodes: list[ScheduledSeq], lens: list[int], first_row: int
@@ -247,11 +256,13 @@ class ModelRunner:
             self.block_tables.host(inputs.ordered, inputs.context_lens),
             torch.tensor(inputs.context_lens, dtype=torch.int32),
         )
+        if prompt_logits.wanted(inputs):  # a one-token prefill chunk
+            prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         rows = inputs.logit_rows  # one row per decode: the rows of those that sample
         if not rows:  # a one-token prefill chunk that is not the prompt's last
             return [], None
         if len(rows) < len(inputs.ordered):
             hidden = hidden[torch.tensor(rows, device=self.device)]
         sampling = inputs.sampling
-        logits = self.model.compute_logits(hidden)
+        logits = self._logits(hidden)
         return sampling, self.sampler(logits, [s.seq for s in sampling])

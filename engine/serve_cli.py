@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fault-error-rate", type=float, default=0.0, help="answer this fraction of API requests with a 500"
     )
     faults.add_argument("--fault-latency-ms", type=float, default=0.0, help="delay each API request by N ms")
+    faults.add_argument(
+        "--fault-logit-noise",
+        type=float,
+        default=0.0,
+        metavar="STD",
+        help="add Gaussian noise of this std to the logits (sampling, prompt logprobs, parity): answers differ, "
+        "nothing fails",
+    )
 
 
 class FlagError(ValueError):
@@ -148,6 +156,7 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             seed=args.seed,
             enforce_eager=args.enforce_eager,
             tokenizer=args.tokenizer,
+            fault_logit_noise=args.fault_logit_noise,
         )
     except ConfigValueError as exc:
         raise FlagError(exc.field, str(exc)) from exc

@@ -252,6 +252,10 @@ class AnalysisSpec(Model):
     max_timeout_rate: float = Field(
         default=0.05, ge=0.0, le=1.0, description="Share of the canary's attempts that may time out."
     )
+    min_shadow_match_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Least share of compared shadow answers matching the primary's (needs shadow.percent > 0).",
+    )
     prometheus: PrometheusSpec | None = None
 
     @property
@@ -261,6 +265,38 @@ class AnalysisSpec(Model):
     @property
     def request_timeout_seconds(self) -> float:
         return parse_duration(self.request_timeout)
+
+
+class ConfigMapKeyRef(Model):
+    name: str = Field(min_length=1, max_length=253, description="ConfigMap in the InferenceService's namespace.")
+    key: str = Field(default="suite.jsonl", min_length=1, max_length=253, description="Key holding the JSONL suite.")
+
+
+MAX_PARITY_PROMPTS = 5000
+
+
+class ParitySpec(Model):
+    """The parity gate: before step 1 the canary answers a prompt suite as stable does, or is rolled back."""
+
+    prompts: int = Field(default=500, ge=1, le=MAX_PARITY_PROMPTS, description="The suite's first N prompts.")
+    max_tokens: int = Field(default=16, ge=1, le=256, description="Greedy tokens generated per prompt.")
+    min_cosine: float = Field(
+        default=0.9985, ge=-1.0, le=1.0, description="Least mean cosine similarity of mean prompt logits."
+    )
+    min_token_match: float = Field(
+        default=0.9, ge=0.0, le=1.0, description="Least share of prompts whose greedy continuation matches."
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="A team's own suite: JSONL of {\"prompt\": …} or {\"messages\": […]}."
+    )
+    suite_file: str | None = Field(
+        default=None, min_length=1, max_length=4096, description="`folio up` only: the suite as a JSONL file path."
+    )
+    timeout: Duration = Field(default="10m", pattern=DURATION_RE.pattern, description="The whole gate at most.")
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
 
 
 MAX_ROLLOUT_STEPS = 10  # bounded so the API server can cost the CRD's CEL rules
@@ -273,6 +309,7 @@ def _default_steps() -> list[RolloutStep]:
 class RolloutSpec(Model):
     steps: list[RolloutStep] = Field(default_factory=_default_steps, max_length=MAX_ROLLOUT_STEPS)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    parity: ParitySpec | None = None
     drain_period: Duration = Field(
         default="30s",
         pattern=DURATION_RE.pattern,
@@ -366,8 +403,38 @@ class AnalysisSample(Lenient):
     ttft_p95_ms: float | None = None
     timeouts: int = 0
     timeout_rate: float = 0.0
+    shadow_match_rate: float | None = None  # of the interval's compared shadow answers, when there were any
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
+
+
+class ParityPromptDiff(Lenient):
+    """One of the suite's worst prompts: how far the canary's answer is from stable's."""
+
+    index: int
+    prompt: str = ""  # truncated
+    cosine: float | None = None
+    prompt_tokens_differ: bool = False  # tokenizer or chat template changed
+    first_divergence: int | None = None  # first differing continuation token; None when they match
+    stable: str = ""  # stable's continuation (truncated)
+    canary: str = ""
+
+
+class ParityReport(Lenient):
+    """The parity gate's verdict on a canary, against the stable revision of the time."""
+
+    revision: str
+    stable_revision: str | None = None
+    at: str | None = None
+    verdict: Literal["Pass", "Fail", "Error"] = "Error"
+    prompts: int = 0
+    mean_cosine: float | None = None
+    min_cosine: float | None = None
+    token_match: float | None = None  # share of prompts whose continuation matches token for token
+    prompt_token_mismatches: int = 0  # prompts tokenized differently by the two revisions
+    seconds: float | None = None  # the gate's wall time
+    message: str = ""  # why it failed or could not run
+    worst: list[ParityPromptDiff] = Field(default_factory=list)
 
 
 class CanaryStatus(Lenient):
@@ -377,6 +444,7 @@ class CanaryStatus(Lenient):
     step_started_at: str | None = None
     consecutive_failures: int = 0
     last_analysis: AnalysisSample | None = None
+    parity: ParityReport | None = None
 
 
 class FailedRevision(Lenient):
@@ -385,6 +453,7 @@ class FailedRevision(Lenient):
     at: str
     message: str = ""
     last_analysis: AnalysisSample | None = None  # the figures that decided it, when an analysis did
+    parity: ParityReport | None = None  # the parity gate's report, when the gate decided it
 
 
 class RevisionStatus(Lenient):

@@ -50,6 +50,12 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
                 f"TTFT p95 {ttft:.0f} ms exceeds maxTimeToFirstTokenP95Ms "
                 f"{spec.max_time_to_first_token_p95_ms:g}"
             )
+        share = shadow_match_rate(figures)
+        if spec.min_shadow_match_rate is not None and share is not None and share < spec.min_shadow_match_rate:
+            failures.append(
+                f"shadow match rate {share:.2%} ({round(figures.shadow_matches)}/{round(figures.shadow_compared)}) "
+                f"is below minShadowMatchRate {spec.min_shadow_match_rate:.2%}"
+            )
         verdict = "Fail" if failures else "Pass"
         reasons += failures or ["error rate, timeout rate, latency and time to first token within limits"]
     return AnalysisSample(
@@ -62,6 +68,14 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         ttft_p95_ms=figures.ttft_p95_ms,
         timeouts=timeouts,
         timeout_rate=timeout_rate,
+        shadow_match_rate=shadow_match_rate(figures),
         verdict=verdict,
         reasons=reasons,
     )
+
+
+def shadow_match_rate(figures: Figures) -> float | None:
+    """The share of compared shadow answers that matched; None when none was compared."""
+    if figures.shadow_compared < 1:
+        return None
+    return figures.shadow_matches / figures.shadow_compared

@@ -23,6 +23,8 @@ import httpx
 import kopf
 import pydantic
 
+from folio.operator.analysis.parity_run import GateRunner, poll_gate
+from folio.operator.analysis.parity_sources import cluster_suite
 from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.controller import metrics
 from folio.operator.controller.children import Children, Expectations
@@ -30,7 +32,7 @@ from folio.operator.controller.executor import apply_plan
 from folio.operator.controller.observe import observe, router_metrics_urls
 from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.merge_patch import merge_diff
-from folio.operator.k8s.names import component_labels
+from folio.operator.k8s.names import ENGINE_PORT, component_labels, engine_name
 from folio.operator.rollout import advance
 from folio.operator.rollout.conditions import invalid_spec
 from folio.operator.serving.errors import PlanningError
@@ -76,6 +78,11 @@ class Schedule:
         return resync_s, "timer"
 
 
+def service_url(namespace: str, isvc: str, revision: str) -> str:
+    """A revision's engine Service (headless: the name resolves to its ready pods)."""
+    return f"http://{engine_name(isvc, revision)}.{namespace}.svc:{ENGINE_PORT}"
+
+
 @dataclass
 class Context:
     """What every handler needs; kopf hands it over as `memo.ctx` (one for the whole operator)."""
@@ -85,6 +92,9 @@ class Context:
     resync_s: float = 10.0
     # Every InferenceService's schedule, so that an event on a child can poke its owner's clock.
     schedules: dict[tuple[str, str], Schedule] = field(default_factory=dict)
+    # (namespace, isvc, revision) -> a replica's base URL, for the parity gate: the revision's Service
+    replica_url: Callable[[str, str, str], str] = field(default=service_url)
+
 
     def schedule(self, namespace: str, name: str) -> Schedule:
         return self.schedules.setdefault((namespace, name), Schedule())
@@ -157,6 +167,15 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
             sample = await sampler.take(client, routers, status=status, spec=spec.rollout.analysis, now=now)
         if sample is not None:
             observed = dataclasses.replace(observed, analysis=sample)
+    if spec.rollout.parity is not None or "parity" in memo:  # the gate runs in the background, across passes
+        report = poll_gate(
+            memo_part(memo, "parity", GateRunner), None, spec, status, now,
+            urls=lambda rev: [ctx.replica_url(isvc.namespace, isvc.name, rev)],
+            load_suite=cluster_suite(spec.rollout.parity, isvc.namespace,  # type: ignore[arg-type]
+                                     lambda *where: call(ctx.kube.get, *where)),
+        )
+        if report is not None:
+            observed = dataclasses.replace(observed, parity=report)
     decision = advance(spec, isvc.generation, status, observed)
     known = {(f.revision, f.at) for f in status.failed_revisions}
     for failed in decision.status.failed_revisions:

@@ -37,6 +37,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     ("v1", "Secret"): "secrets",
+    ("v1", "ConfigMap"): "configmaps",  # read only: a parity gate's prompt suite
     ("batch/v1", "Job"): "jobs",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",

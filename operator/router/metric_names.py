@@ -22,6 +22,10 @@ TTFT = "folio_router_time_to_first_token_seconds"
 WEIGHT = "folio_router_traffic_weight"
 SHADOW_REQUESTS = "folio_router_shadow_requests_total"
 SHADOW_DURATION = "folio_router_shadow_request_duration_seconds"
+# A reproducible mirrored request's canary answer against the primary's (operator/router/shadow_compare.py)
+SHADOW_COMPARISONS = "folio_router_shadow_comparisons_total"
+SHADOW_LATENCY_DIFFERENCE = "folio_router_shadow_latency_difference_seconds"  # canary minus primary
+RESULT = "result"  # match | mismatch | error
 IN_FLIGHT = "folio_router_in_flight"
 REPLICA = "replica"  # a replica's base URL
 EJECTIONS = "folio_router_ejections_total"

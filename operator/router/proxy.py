@@ -23,6 +23,7 @@ from folio.operator.router.config import OVERFLOW, Overflow
 from folio.operator.router.errors import error_response
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.outliers import is_failure
+from folio.operator.router.shadow_compare import Capture, Comparison, comparable
 from folio.operator.router.state import RoutingState
 from folio.operator.router.timeouts import (
     TIMEOUT,
@@ -118,15 +119,17 @@ class Proxy:
         primary = state.split.choose() if req.use_split else stable
         # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
         replica = balancer.pick(primary, key=req.affinity) or balancer.pick_any([stable], exclude=())
-        if req.mirror and replica is not None:
-            self._maybe_shadow(req, replica.revision)
+        comparison = self._maybe_shadow(req, replica.revision) if req.mirror and replica is not None else None
+        capture = comparison.primary if comparison is not None else None
 
         tried: list[Replica] = []
         retried = False
         failure: Failure | None = None
         while replica is not None:
-            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica)
+            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica, capture=capture)
             if not isinstance(answer, Failure):
+                if comparison is not None:  # the whole answer has been relayed: the shadow's may be compared
+                    comparison.finish_primary(answer.status)
                 return answer
             failure = answer
             tried.append(replica)
@@ -184,6 +187,7 @@ class Proxy:
         *,
         headers: list[tuple[str, str]] | None = None,
         relay_any: bool = False,
+        capture: Capture | None = None,
     ) -> web.StreamResponse | Failure:
         """One upstream try: the relayed response, or why there is none to relay."""
         metrics = self.metrics
@@ -224,7 +228,7 @@ class Proxy:
             if head.first is not None:
                 metrics.first_byte(revision, perf_counter() - started)
             try:
-                relayed, stalled = await self._relay(resp, head, revision, downstream, limit)
+                relayed, stalled = await self._relay(resp, head, revision, downstream, limit, capture)
             except BaseException:
                 resp.close()  # drop the connection so the engine sees the client leave and aborts
                 raise
@@ -248,12 +252,15 @@ class Proxy:
         self.state.balancer.outliers.record(replica, failed, self.state.balancer.pool(replica.revision))
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float
+        self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float,
+        capture: Capture | None = None,
     ) -> tuple[web.StreamResponse, bool]:
         """Pass the answer on from its first bytes; True with it when the upstream stalled mid-stream."""
         headers = _relayed_headers(resp)
         headers["X-Folio-Revision"] = revision
         if head.chunks is None:
+            if capture is not None and head.first is not None:
+                capture.add(head.first)
             headers.popall("Content-Length", None)  # set again from the body
             whole = web.Response(status=resp.status, reason=resp.reason, body=head.first, headers=headers)
             return whole, False
@@ -261,6 +268,8 @@ class Proxy:
         await out.prepare(downstream)
         chunk = head.first
         while chunk is not None:
+            if capture is not None:
+                capture.add(chunk)
             if not await _write(out, chunk, resp):
                 return out, False
             try:
@@ -284,22 +293,27 @@ class Proxy:
 
     # ------------------------------------------------------------------------------- shadow
 
-    def _maybe_shadow(self, req: ProxyRequest, primary: str) -> None:
+    def _maybe_shadow(self, req: ProxyRequest, primary: str) -> Comparison | None:
+        """Mirror ``req`` to the canary (bounded); a reproducible one is compared with the primary's answer."""
         config = self.state.config
         canary = config.canary_revision
         fraction = config.shadow_fraction
         if canary is None or canary == primary or fraction <= 0.0 or random.random() >= fraction:
-            return
+            return None
         if len(self._shadow_tasks) >= self._shadow_limit:
-            return  # mirroring must never pile up behind a slow canary
+            return None  # mirroring must never pile up behind a slow canary
         replica = self.state.balancer.pick(canary)
         if replica is None:
-            return
-        task = asyncio.create_task(self._shadow(req, replica))
+            return None
+        comparison = None
+        if comparable(req.body):
+            comparison = Comparison(lambda result, diff: self.metrics.shadow_compared(canary, result, diff))
+        task = asyncio.create_task(self._shadow(req, replica, comparison))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
+        return comparison
 
-    async def _shadow(self, req: ProxyRequest, replica: Replica) -> None:
+    async def _shadow(self, req: ProxyRequest, replica: Replica, comparison: Comparison | None = None) -> None:
         replica.in_flight += 1
         started = perf_counter()
         try:
@@ -307,14 +321,17 @@ class Proxy:
                 req.method, replica.url + req.path, data=req.body or None,
                 headers=[*req.headers, ("X-Folio-Shadow", "1")], timeout=self._timeout,
             ) as resp:  # fmt: skip
-                async for _ in resp.content.iter_any():
-                    pass
+                async for chunk in resp.content.iter_any():
+                    if comparison is not None:
+                        comparison.shadow.add(chunk)
                 code = str(resp.status)
         except _UPSTREAM_ERRORS:
             code = "error"
         finally:
             replica.in_flight -= 1
         self.metrics.shadowed(replica.revision, code, perf_counter() - started)
+        if comparison is not None:
+            comparison.finish_shadow(int(code) if code.isdigit() else None)
 
     async def close(self) -> None:
         for task in list(self._shadow_tasks):

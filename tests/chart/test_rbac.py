@@ -30,6 +30,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
     ("", "pods"): frozenset({"list", "watch"}),
     ("", "events"): frozenset({"create"}),
+    # a parity gate's own suite (spec.rollout.parity.configMapRef), read by name
+    ("", "configmaps"): frozenset({"get"}),
     # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
     ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }

@@ -388,3 +388,38 @@ async def test_oversized_body_is_413(router: RouterFactory) -> None:
         assert _openai_error(resp)["code"] == "body_too_large"
         assert (await r.client.post("/v1/completions", json={"prompt": "x" * 100})).status_code == 200
         assert len(up.seen) == 1
+
+
+async def test_shadow_answers_are_compared_with_the_primary(router: RouterFactory) -> None:
+    stable, canary = FakeUpstream("r1"), FakeUpstream("r2")
+    async with (
+        serving(stable, canary),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+            endpoints={"r1": [stable.url], "r2": [canary.url]},
+            stable="r1",
+            shadow={"percent": 100},
+        ) as r,
+    ):
+        async def send(stream: bool = False, **sampling: object) -> None:
+            body = {"model": "m", "prompt": "hi", "stream": stream, **sampling}
+            assert (await r.client.post("/v1/completions", json=body)).status_code == 200
+
+        def count(result: str) -> float:
+            return r.metric(m.SHADOW_COMPARISONS, revision="r2", result=result)
+
+        for _ in range(3):
+            await send(temperature=0)
+        await send(stream=True, seed=7)
+        await until(lambda: count("match") == 4, what="four matching comparisons")
+        await send(temperature=0.7)  # not reproducible: mirrored, not compared
+        await until(lambda: r.metric(m.SHADOW_REQUESTS, revision="r2", code="200") == 5, what="the fifth mirror")
+        canary.text = "something else"
+        await send(temperature=0)
+        await send(stream=True, temperature=0)
+        await until(lambda: count("mismatch") == 2, what="two mismatches")
+        canary.status = 500
+        await send(temperature=0)
+        await until(lambda: count("error") == 1, what="a failed canary answer")
+        assert count("match") == 4
+        assert r.metric(f"{m.SHADOW_LATENCY_DIFFERENCE}_count", revision="r2") == 7

@@ -39,6 +39,7 @@ class FakeUpstream:
     metrics: str = ""  # the /metrics page (Prometheus text), as an engine would expose its load
     metrics_status: int = 200
     seen: list[Seen] = field(default_factory=list)
+    text: str = "hi"  # each choice's text (shadow comparison tells answers apart by it)
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
 
@@ -64,7 +65,7 @@ class FakeUpstream:
                 err = {"error": {"message": f"{self.name} failed", "type": "x", "param": None, "code": None}}
                 return web.json_response(err, status=self.status)
             if not json.loads(body).get("stream"):
-                return web.json_response({"served_by": self.name, "choices": [{"text": "hi"}]})
+                return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             if self.hold_body is not None:
@@ -77,7 +78,8 @@ class FakeUpstream:
                 return resp
             if self.gate is not None:
                 await self.gate.wait()
-            await resp.write(f'data: {{"served_by": "{self.name}", "n": 2}}\n\n'.encode())
+            choice = json.dumps({"served_by": self.name, "n": 2, "choices": [{"index": 0, "text": self.text}]})
+            await resp.write(f"data: {choice}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp

@@ -37,6 +37,10 @@ class EngineConfig:
     # Off: a prompt is prefilled in one step (the budget then has to cover max_model_len).
     enable_chunked_prefill: bool = True
     tokenizer: str | None = None  # a tokenizer folder; default: the model folder / the GGUF's vocabulary
+    # Processes (one per device) the model is sharded over (`folio.engine.distributed`).
+    tensor_parallel_size: int = 1
+    # Seconds a tensor-parallel collective may wait before the watchdog takes the replica down.
+    collective_timeout: float = 15.0
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -58,6 +62,10 @@ class EngineConfig:
             raise bad("max_num_seqs", ">= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise bad("max_num_batched_tokens", ">= 1")
+        if self.tensor_parallel_size < 1:
+            raise bad("tensor_parallel_size", ">= 1")
+        if not self.collective_timeout > 0:
+            raise bad("collective_timeout", "> 0")
 
 
 @dataclass

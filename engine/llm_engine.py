@@ -15,6 +15,8 @@ import torch
 
 from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
+from folio.engine.distributed.errors import RankFailedError
+from folio.engine.distributed.executor import TensorParallelExecutor
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
@@ -48,22 +50,35 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
         model_config.max_model_len = _max_model_len(config, model_config)
         self.model_config: ModelConfig = model_config
-        model = load_model(
-            config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest
-        )
-        self.tokenizer = load_tokenizer(config.model, config.tokenizer)
+        # Tensor parallelism: rank 0 (this process) starts the other ranks, which load beside it.
+        self.parallel: TensorParallelExecutor | None = None
+        if config.tensor_parallel_size > 1:
+            self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
+            self.device = self.parallel.device
+        try:
+            model = load_model(
+                config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest,
+                tp=self.parallel and self.parallel.tp,
+            )
+            self.tokenizer = load_tokenizer(config.model, config.tokenizer)
+            rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
+            num_blocks = self._num_kv_blocks(rank_config)
+            if self.parallel:
+                self.parallel.start(num_blocks)
+        except BaseException:
+            self.close()
+            raise
         eos = set(model_config.eos_token_ids)
         if not eos and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
 
-        num_blocks = self._num_kv_blocks(model_config)
         bs = config.block_size
         budget = step_token_budget(config, model_config)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
         self.runner = ModelRunner(
-            model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
+            model, rank_config, num_blocks, bs, self.dtype, self.device, config.seed,
             max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
         )
         self._seqs: dict[str, Sequence] = {}
@@ -71,7 +86,7 @@ class LLMEngine:
         self._failing_streak = 0
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d, dtype %s, device %s",
-            num_blocks, bs, num_blocks * bs, num_blocks * kv_bytes_per_block(model_config, bs, self.dtype) / GIB,
+            num_blocks, bs, num_blocks * bs, num_blocks * kv_bytes_per_block(rank_config, bs, self.dtype) / GIB,
             model_config.max_model_len, str(self.dtype).removeprefix("torch."), self.device,
         )
         if num_blocks * bs < model_config.max_model_len:
@@ -189,8 +204,15 @@ class LLMEngine:
         if not batch:
             return []
         try:
+            if self.parallel is not None:
+                self.parallel.broadcast_step(batch)  # the other ranks run the same step beside this one
             sampled, result = self.runner.step(batch)
+        except RankFailedError as exc:
+            raise EngineBrokenError(str(exc)) from exc
         except Exception as exc:
+            lost = self.parallel and self.parallel.failure_after(wait_s=1.0)  # a collective error: a rank lost?
+            if lost:
+                raise EngineBrokenError(str(lost)) from exc
             self.num_failed_steps += 1
             self._failing_streak += 1
             if self._failing_streak >= MAX_CONSECUTIVE_STEP_FAILURES:
@@ -203,6 +225,11 @@ class LLMEngine:
             if seq.is_finished:
                 del self._seqs[seq.request_id]
         return [seq.take_output() for seq in updated]
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -43,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforce-eager", action=argparse.BooleanOptionalAction, default=False, help="no CUDA graphs"
     )
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+    eng.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
+    )
+    eng.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=15.0,
+        help="seconds a tensor-parallel collective may wait before the replica goes down (default: %(default)s)",
+    )
 
     srv = parser.add_argument_group("server")
     srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
@@ -131,6 +140,8 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             seed=args.seed,
             enforce_eager=args.enforce_eager,
             tokenizer=args.tokenizer,
+            tensor_parallel_size=args.tensor_parallel_size,
+            collective_timeout=args.collective_timeout,
         )
     except ConfigValueError as exc:
         raise FlagError(exc.field, str(exc)) from exc
@@ -174,6 +185,9 @@ def main(args: argparse.Namespace) -> int:
         digest=args.digest,
     )
     app = build_app(engine, served, faults)
+    if engine.parallel is not None:  # a lost rank fails the engine: readiness off, answers, exit 1
+        async_engine = app.state.server.engine
+        engine.parallel.attach(async_engine.fail_from_thread, async_engine.metrics.registry, served.served_model_name)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -183,7 +197,10 @@ def main(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
     )
     server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
-    server.run()
+    try:
+        server.run()
+    finally:
+        engine.close()
     if not server.started:
         return 1  # e.g. the port was taken (uvicorn logged why)
     return 1 if server.engine_died else 0

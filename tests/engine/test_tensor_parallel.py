@@ -20,6 +20,7 @@ from folio.engine.distributed.sharding import (
     vocab_rows,
 )
 from folio.engine.loader import load_model, load_model_config
+from tests.engine.test_families import FAMILIES
 from tests.engine.test_hf_equivalence import hf_greedy, random_prompts
 from tests.support.models import make_tiny_llama
 
@@ -40,7 +41,8 @@ def tp_model(tmp_path_factory: pytest.TempPathFactory):
 
     def build(name: str) -> Path:
         if name not in cache:
-            cache[name] = make_tiny_llama(tmp_path_factory.mktemp(name), randomize_norms=True, **MODELS[name])
+            settings = MODELS[name] if name in MODELS else FAMILIES[name]
+            cache[name] = make_tiny_llama(tmp_path_factory.mktemp(name), randomize_norms=True, **settings)
         return cache[name]
 
     return build
@@ -168,3 +170,15 @@ def test_step_mirror_rebuilds_the_batch_and_sends_only_new_blocks() -> None:
     b.num_computed_tokens = 0
     third = roundtrip([ScheduledSeq(b, 4)])
     assert (third[0][6], third[0][7]) == ([12], 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mixtral", "qwen3-moe", "gemma3", "phi3-longrope", "qwen2-window"])
+def test_tp2_families_match_transformers(tp_model, family: str) -> None:
+    """Experts sharded behind a replicated router (Mixtral, Qwen3-MoE with a dense layer), Gemma 3's scaled
+    embeddings, sandwich norms and windows, Phi-3's fused tensors, Qwen2's q/k/v biases."""
+    path = tp_model(family)
+    prompts = random_prompts(512, (1, 9, 40))
+    expected = hf_greedy(path, prompts, MAX_TOKENS)
+    for tp2 in _llm(path, 2):
+        assert _greedy(tp2, prompts) == expected

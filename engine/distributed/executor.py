@@ -33,7 +33,7 @@ import torch
 
 from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.distributed.errors import RankFailedError
-from folio.engine.distributed.parallel_state import TensorParallelGroup
+from folio.engine.distributed.parallel_state import TensorParallelGroup, collective_metrics
 from folio.engine.distributed.sharding import TensorParallel, check_shardable, local_config
 from folio.engine.distributed.step_broadcast import StepEncoder
 from folio.engine.distributed.watchdog import Watchdog, stalled_collectives
@@ -49,8 +49,6 @@ log = logging.getLogger("folio.engine.tp")
 HARD_EXIT_AFTER_S = 10.0
 PROBE_INTERVAL_S = 5.0
 _START_TIMEOUT_S = 600.0  # loading a shard of a large model from a slow volume
-COLLECTIVE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                      2.5, 5.0, 10.0, 30.0)  # fmt: skip
 
 
 class TensorParallelExecutor:
@@ -208,16 +206,7 @@ class TensorParallelExecutor:
     ) -> None:
         """Serve mode: export ``folio_engine_collective_seconds``, call ``on_failure`` when the group
         fails, and exit the process if it has not within HARD_EXIT_AFTER_S after."""
-        from prometheus_client import Histogram
-
-        hist = Histogram(
-            "folio_engine_collective_seconds",
-            "Time in tensor-parallel collectives on rank 0 (op: all_reduce, gather, probe).",
-            ["model_name", "op"], buckets=COLLECTIVE_BUCKETS, registry=registry,
-        )  # fmt: skip
-        for op in ("all_reduce", "gather", "probe"):
-            hist.labels(model_name, op)
-        self.group.observe = lambda op, seconds: hist.labels(model_name, op).observe(seconds)
+        self.group.observe = collective_metrics(registry, model_name)
         self._on_failure.append(on_failure)
         self._hard_exit = True
 

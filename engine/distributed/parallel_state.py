@@ -17,11 +17,33 @@ import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 Observer = Callable[[str, float], None]  # (operation, seconds)
+
+COLLECTIVE_METRIC = "folio_engine_collective_seconds"
+COLLECTIVE_OPS = ("all_reduce", "gather", "probe")
+COLLECTIVE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                      2.5, 5.0, 10.0, 30.0)  # fmt: skip
+
+
+def collective_metrics(registry: CollectorRegistry, model_name: str) -> Observer:
+    """``folio_engine_collective_seconds{model_name, op}`` in ``registry``; returns what feeds it."""
+    from prometheus_client import Histogram
+
+    hist = Histogram(
+        COLLECTIVE_METRIC, "Time rank 0 spent in tensor-parallel collectives (op: all_reduce, gather, probe).",
+        ["model_name", "op"], buckets=COLLECTIVE_BUCKETS, registry=registry,
+    )  # fmt: skip
+    for op in COLLECTIVE_OPS:
+        hist.labels(model_name, op)  # exported from the start, so rate() has a baseline
+    return lambda op, seconds: hist.labels(model_name, op).observe(seconds)
 
 
 @dataclass

@@ -69,6 +69,7 @@ class TensorParallelExecutor:
         self._closed = False
         self._encoder = StepEncoder()
         self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
         self._threads_before = torch.get_num_threads()
         threads = max(1, (os.cpu_count() or 1) // size) if self.device.type == "cpu" else self._threads_before
         torch.set_num_threads(threads)  # on the CPU each rank gets its share of the cores
@@ -108,7 +109,8 @@ class TensorParallelExecutor:
         for r in range(1, self.size):
             self.worker_stats[r - 1] |= {"ready_rss": self._reply(r, "ready")["rss"]}
         self._watchdog.start()
-        threading.Thread(target=self._probe_loop, name="folio-tp-probe", daemon=True).start()
+        self._prober = threading.Thread(target=self._probe_loop, name="folio-tp-probe", daemon=True)
+        self._prober.start()
 
     def _reply(self, rank: int, expected: str) -> dict[str, Any]:
         conn, proc = self.conns[rank - 1], self.procs[rank - 1]
@@ -163,6 +165,8 @@ class TensorParallelExecutor:
                 return
             try:
                 with self._lock:
+                    if self._stop.is_set():  # close() has sent, or is about to send, "stop"
+                        return
                     for conn in self.conns:
                         conn.send_bytes(pickle.dumps(("probe",)))
                 self.group.probe()
@@ -219,9 +223,12 @@ class TensorParallelExecutor:
         self._stop.set()
         if hasattr(self, "_watchdog"):
             self._watchdog.stop()
-        for conn in self.conns:
-            with contextlib.suppress(OSError):
-                conn.send_bytes(pickle.dumps(("stop",)))
+        with self._lock:  # after any probe already sent: the workers answer it, then stop
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(pickle.dumps(("stop",)))
+        if self._prober is not None:
+            self._prober.join(5)
         for proc in self.procs:
             proc.join(5)
             if proc.is_alive():

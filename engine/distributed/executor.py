@@ -93,7 +93,7 @@ class TensorParallelExecutor:
         log.info("tensor parallelism: %d ranks on %s (workers: pids %s)", size, self.device,
                  ", ".join(str(p.pid) for p in self.procs))
         try:
-            self.group.join(str(self._tmp / "store"))
+            self.group.join(str(self._tmp / "store"), self._check_workers, _START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise

@@ -64,12 +64,28 @@ class TensorParallelGroup:
 
     # --- set-up and tear-down -----------------------------------------------------------------------
 
-    def join(self, store_path: str) -> None:
-        """Join the group through the file store every rank was given (no port to race for)."""
+    def join(self, store_path: str, peers_alive: Callable[[], str | None] | None = None,
+             start_timeout_s: float = 600.0) -> None:  # fmt: skip
+        """Join the group through the file store every rank was given (no port to race for).
+
+        Every rank first checks in and waits (up to ``start_timeout_s``: spawning and importing take a
+        while on a loaded machine) until all have; only then is the group made, under the collective
+        timeout. ``peers_alive`` (rank 0) returns why a peer cannot arrive any more, which ends the wait.
+        """
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        store = dist.FileStore(store_path, self.size)
+        store.set(f"arrived/{self.rank}", "1")
+        keys = [f"arrived/{r}" for r in range(self.size)]
+        deadline = time.monotonic() + start_timeout_s
+        while not store.check(keys):
+            reason = peers_alive() if peers_alive is not None else None
+            if reason is not None:
+                raise RuntimeError(f"tensor-parallel start-up failed: {reason}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel ranks did not all start within {start_timeout_s:g}s")
+            time.sleep(0.05)
         # gloo's own timeout backs up the watchdog, which fires first with the clearer message
         timeout = datetime.timedelta(seconds=self.timeout_s + 5)
-        store = dist.FileStore(store_path, self.size)
         kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.size, timeout=timeout, **kwargs)
         self._probe_group = dist.new_group(backend="gloo", timeout=timeout)

@@ -182,3 +182,19 @@ def test_tp2_families_match_transformers(tp_model, family: str) -> None:
     expected = hf_greedy(path, prompts, MAX_TOKENS)
     for tp2 in _llm(path, 2):
         assert _greedy(tp2, prompts) == expected
+
+
+def test_tp2_gguf_loads_whole_and_slices(tmp_path: Path) -> None:
+    """A GGUF file (Phi-3's fused attn_qkv and gate-up tensors) is dequantised whole on each rank, which
+    keeps its slices: TP=2 answers as TP=1 does."""
+    from tests.support.gguf_files import write_gguf
+
+    folder = make_tiny_llama(tmp_path / "hf", arch="phi3", hidden_size=96, num_attention_heads=6,
+                             num_key_value_heads=2, randomize_norms=True)  # fmt: skip
+    gguf = write_gguf(folder, tmp_path / "phi3.gguf", "phi3")
+    prompts = random_prompts(500, (1, 9, 40))
+    for tp1 in _llm(gguf, 1, tokenizer=str(folder)):
+        expected = _greedy(tp1, prompts)
+    for tp2 in _llm(gguf, 2, tokenizer=str(folder)):
+        assert _greedy(tp2, prompts) == expected
+        assert tp2.llm_engine.runner.model.load_stats.shards["layers.0.self_attn.qkv_weight"].local_shape[0] == 3 * 16 + 2 * 16

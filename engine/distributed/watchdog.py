@@ -7,15 +7,12 @@ part in a collective itself, so it sees a stall however the stalled rank is stuc
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 
 from folio.engine.distributed.parallel_state import InFlight, TensorParallelGroup
-
-log = logging.getLogger(__name__)
 
 Check = Callable[[], str | None]
 _PERIOD_S = 0.25

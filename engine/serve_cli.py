@@ -45,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforce-eager", action=argparse.BooleanOptionalAction, default=False, help="no CUDA graphs"
     )
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+    eng.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
+    )
+    eng.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=15.0,
+        help="seconds a tensor-parallel collective may wait before the replica goes down (default: %(default)s)",
+    )
 
     srv = parser.add_argument_group("server")
     srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
@@ -157,6 +166,8 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             enforce_eager=args.enforce_eager,
             tokenizer=args.tokenizer,
             fault_logit_noise=args.fault_logit_noise,
+            tensor_parallel_size=args.tensor_parallel_size,
+            collective_timeout=args.collective_timeout,
         )
     except ConfigValueError as exc:
         raise FlagError(exc.field, str(exc)) from exc
@@ -201,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
         digest=args.digest,
     )
     app = build_app(engine, served, faults)
+    if engine.parallel is not None:  # a lost rank fails the engine: readiness off, answers, exit 1
+        async_engine = app.state.server.engine
+        engine.parallel.attach(async_engine.fail_from_thread, async_engine.metrics.registry, served.served_model_name)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -212,7 +226,10 @@ def main(args: argparse.Namespace) -> int:
         http=uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)),
     )
     server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
-    server.run()
+    try:
+        server.run()
+    finally:
+        engine.close()
     if not server.started:
         return 1  # e.g. the port was taken (uvicorn logged why)
     return 1 if server.engine_died else 0

@@ -156,7 +156,9 @@ EngineArgValue = int | float | bool | str
 class EngineSpec(Model):
     image: str = Field(default=DEFAULT_IMAGE, description="Container image running `folio serve`.")
     resources: ResourceRequirements = Field(
-        default_factory=lambda: ResourceRequirements(limits={"nvidia.com/gpu": 1})
+        default_factory=lambda: ResourceRequirements(limits={"nvidia.com/gpu": 1}),
+        description="The engine container's resources. Default: nvidia.com/gpu 1, or N with "
+        "args.tensorParallelSize N.",
     )
     args: dict[str, EngineArgValue] = Field(
         default_factory=dict,

@@ -7,7 +7,7 @@ A family subclasses `DecoderLM`, names the architectures it serves and builds it
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from folio.engine.layers.moe import SparseMoE
 from folio.engine.layers.norm import RMSNorm
 from folio.engine.layers.rotary import RotaryEmbedding
 from folio.engine.layers.weights import Index, checkpoint_targets, empty_param, finish_loading
+
+if TYPE_CHECKING:
+    from folio.engine.distributed.sharding import VocabParallel
 
 # llama.cpp's tensor names inside a block → the Hugging Face names (Llama's layout)
 LLAMA_GGUF_NAMES = {
@@ -45,6 +48,9 @@ class DecoderLM(nn.Module):
     GGUF_LAYER_NAMES: ClassVar[dict[str, str]] = LLAMA_GGUF_NAMES
     # Decode steps replay CUDA graphs unless a layer needs the host mid-step (MoE's expert counts do).
     supports_cuda_graphs: ClassVar[bool] = True
+    # Set on a tensor-parallel rank (`folio.engine.distributed.sharding`): this rank holds a slice of the
+    # vocabulary's rows of the embedding table and LM head.
+    vocab_parallel: VocabParallel | None = None
 
     def __init__(self, cfg: ModelConfig, max_position: int) -> None:
         super().__init__()
@@ -84,6 +90,11 @@ class DecoderLM(nn.Module):
         return window
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup_embeddings(input_ids)
+
+    def lookup_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.vocab_parallel is not None:
+            return self.vocab_parallel.embed(input_ids, self.embed_tokens)
         return F.embedding(input_ids, self.embed_tokens)
 
     # --- the forward pass -----------------------------------------------------------------------------
@@ -107,7 +118,10 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return linear(hidden, weight).float()
+        logits = linear(hidden, weight)
+        if self.vocab_parallel is not None:  # rank 0 gets every rank's columns, the others their own
+            logits = self.vocab_parallel.gather_logits(logits)
+        return logits.float()
 
     # --- device placement -----------------------------------------------------------------------------
 

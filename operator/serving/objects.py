@@ -31,6 +31,7 @@ from folio.operator.k8s.names import (
     selector,
 )
 from folio.operator.prepull import CACHE_MOUNT
+from folio.operator.serving import parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
 from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
 from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
@@ -153,7 +154,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         "command": ["folio", "serve"],
         "args": rev.serve_args(),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "resources": _resources(spec.engine.resources),
+        "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),  # N GPUs for N ranks
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
                          "failureThreshold": STARTUP_FAILURES, "timeoutSeconds": 5},
         # /ready turns 503 while draining, so a terminating pod leaves the endpoints at once.
@@ -175,7 +176,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         "volumes": [
             {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(owner.name),
                                                           "readOnly": True}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            parallel.shm_volume(rev.args),  # sized for NCCL when the engine spans several GPUs
         ],
     }
     if spec.engine.node_selector:

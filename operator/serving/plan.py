@@ -28,7 +28,7 @@ from pathlib import Path
 from folio.operator import prepull
 from folio.operator.k8s.names import ENGINE_PORT
 from folio.operator.router.config import RouterConfig
-from folio.operator.serving import engine
+from folio.operator.serving import engine, parallel
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.router import router_config
 from folio.operator.spec import (
@@ -137,6 +137,7 @@ def plan(
 def validate(spec: InferenceServiceSpec) -> None:
     """Raise `PlanningError` when the spec's own revision could not be planned."""
     engine.engine_flags(spec.engine.args)
+    parallel.check(spec.engine)
     try:
         prepull.model_dir_name(spec.model)
         if spec.model.scheme == "pvc":

@@ -114,7 +114,10 @@ async def test_stable_is_not_held_to_the_canary_timeout(router: RouterFactory) -
 async def test_timeouts_eject_a_canary_replica(router: RouterFactory) -> None:
     stable, hung, good = FakeUpstream("r1"), FakeUpstream("r2", hold=asyncio.Event()), FakeUpstream("r2")
     async with serving(stable, hung, good):
-        config = canary_first(stable, hung, outlierDetection={"consecutiveErrors": 2, "baseEjectionTime": "300s"})
+        config = canary_first(
+            stable, hung, outlierDetection={"consecutiveErrors": 2, "baseEjectionTime": "300s"},
+            loadBalancing={"strategy": "LeastLoaded"},  # alike requests spread, so the hung replica gets some
+        )
         config["endpoints"]["r2"] = [hung.url, good.url]
         async with router(**config) as r:
             served = [(await r.complete()).json()["served_by"] for _ in range(8)]

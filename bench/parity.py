@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,17 +23,14 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for bench._process
+
+from bench._process import free_port, wait_healthy
 from folio.operator.analysis.parity import describe_diff, describe_figures
 from folio.operator.analysis.parity_run import run_gate
 from folio.operator.analysis.parity_suite import default_suite
 from folio.operator.spec import ParitySpec
 from folio.operator.testing.smollm2 import smollm2_gguf
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(model: Path, dtype: str, noise: float, log: Path, max_model_len: int) -> tuple[subprocess.Popen, str]:
@@ -44,20 +40,6 @@ def serve(model: Path, dtype: str, noise: float, log: Path, max_model_len: int) 
             "--fault-logit-noise", str(noise)]
     proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"folio serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} not healthy within {timeout}s")
 
 
 async def gate(stable: str, canary: str, spec: ParitySpec) -> dict:
@@ -95,8 +77,8 @@ def main() -> int:
             c_proc, c_url = serve(model, args.canary_dtype, args.canary_noise, Path(tmp) / "canary.log",
                                   args.max_model_len)
             procs = [s_proc, c_proc]
-            wait_healthy(s_url, s_proc)
-            wait_healthy(c_url, c_proc)
+            wait_healthy(s_proc, s_url, Path(tmp) / "stable.log", timeout=300)
+            wait_healthy(c_proc, c_url, Path(tmp) / "canary.log", timeout=300)
             out = asyncio.run(gate(s_url, c_url, spec))
         finally:
             for p in procs:

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -26,9 +27,11 @@ from folio.operator.serving.router import routable, router_config
 from folio.operator.spec import (
     API_VERSION,
     KIND,
+    SCALE_UP_ANNOTATION,
     InferenceServiceSpec,
     InferenceServiceStatus,
     describe_errors,
+    now_iso,
 )
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,16 @@ class KubernetesSource:
                 api.follow(path("discovery.k8s.io/v1", "EndpointSlice", ns), {"labelSelector": SERVICE_NAME_LABEL},
                            on_slices, on_slice, retry_max_s=self._retry_max_s),
             )
+
+    async def ask_scale_up(self) -> None:
+        """Requests are held and nothing is ready: annotate the InferenceService (the operator's
+        autoscaler reads it at once, through its watch, and removes it once it has scaled up)."""
+        if self._api is None:
+            return
+        stamp = now_iso(datetime.now(timezone.utc))
+        patch = {"metadata": {"annotations": {SCALE_UP_ANNOTATION: stamp}}}
+        await self._api.merge_patch(path(API_VERSION, KIND, self.namespace, self.isvc), patch)
+        log.info("requests are held for %s/%s: asked for a scale up", self.namespace, self.isvc)
 
     # ------------------------------------------------------------------------------ config
 

@@ -67,6 +67,11 @@ class RouterMetrics:
             m.OVERFLOW_REQUESTS, "Requests forwarded to the overflow endpoint, by its answer.", [m.ISVC, m.CODE],
             registry=r,
         )
+        self.held = Gauge(m.HELD, "Requests held until a replica is ready (scale from zero).", [m.ISVC], registry=r)
+        self.held_total = Counter(
+            m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
+            [m.ISVC, m.OUTCOME], registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 

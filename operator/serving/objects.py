@@ -209,6 +209,8 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
         {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     ]
+    if spec.autoscaling is not None:  # a router holding requests asks for a scale up with an annotation
+        rules.append({"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["patch"]})
     secrets = sorted({ref.name for ref in [spec.overflow and spec.overflow.api_key_secret_ref] if ref})
     if secrets:  # an empty resourceNames would mean every Secret
         rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": secrets, "verbs": ["get"]})

@@ -10,7 +10,8 @@
   window, kept as two status fields instead of a history), so a dip never flaps the replicas and
   nothing scales down within ``scaleDownDelay`` of a scale up.
 - Never down while replicas are still starting (Pending, pulling weights, loading): a Deployment
-  removes unready pods first, so it would kill exactly the ones paid for and nearly there.
+  removes unready pods first, so it would kill exactly the ones paid for and nearly there. The
+  window only starts once they are up, so a replica always gets ``scaleDownDelay`` to serve.
 - No reading (metrics unreachable) changes nothing, except that held requests always get a replica.
 """
 
@@ -99,7 +100,8 @@ def decide(spec: AutoscalingSpec, previous: AutoscalingStatus | None, load: Load
         peak = max(asked, previous.lower_peak or 0) if previous is not None and previous.lower_since else asked
         left = parse_time(since).timestamp() + spec.scale_down_delay_seconds - now.timestamp()
         st.lower_since, st.lower_peak = since, peak
-        if load.starting > 0:
+        if load.starting > 0:  # the window starts once they are up: a new replica serves before it may go
+            st.lower_since, st.lower_peak = at, asked
             st.reason = f"{reading} asks for {asked}; not scaling down while {load.starting} replica(s) start"
         elif left > 0:
             st.reason = f"{reading} asks for {asked}; scaling down to {peak} if that lasts {spec.scale_down_delay}"

@@ -34,6 +34,7 @@ def write_manifest(
     replicas: int = 1,
     rollout: dict[str, Any] | None = None,
     served_name: str | None = None,
+    autoscaling: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -50,6 +51,8 @@ def write_manifest(
             "rollout": rollout or {},
         },
     }
+    if autoscaling is not None:
+        doc["spec"]["autoscaling"] = autoscaling
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

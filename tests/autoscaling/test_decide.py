@@ -71,7 +71,9 @@ def test_never_down_while_replicas_start() -> None:
     d = decide(s, d.status, at(10, 0, ready=2, starting=3))
     d = decide(s, d.status, at(200, 0, ready=2, starting=3))
     assert d.status.desired_replicas == 5 and "start" in d.status.reason
-    d = decide(s, d.status, at(201, 0, ready=5))
+    d = decide(s, d.status, at(201, 0, ready=5))  # up now: the window starts
+    assert d.status.desired_replicas == 5
+    d = decide(s, d.status, at(262, 0, ready=5))
     assert d.status.desired_replicas == 1
 
 
@@ -121,6 +123,7 @@ def test_decisions_keep_their_promises(s: AutoscalingSpec, sequence: list) -> No
     now = 0.0
     changed_at = 0.0  # when desired last changed
     window: list[int] = []  # what was asked since demand went below desired
+    started_at = 0.0  # when replicas were last seen starting
     for dt, value, starting, active, held in sequence:
         now += dt
         ready = previous.desired_replicas if previous else 1
@@ -128,6 +131,8 @@ def test_decisions_keep_their_promises(s: AutoscalingSpec, sequence: list) -> No
         before = previous.desired_replicas if previous else initial_replicas(s)
         asked = recommend(s, load)
         d = decide(s, previous, load)
+        if starting:
+            started_at = now
         after = d.status.desired_replicas
         assert s.min_replicas <= after <= s.max_replicas
         if held:
@@ -139,13 +144,14 @@ def test_decisions_keep_their_promises(s: AutoscalingSpec, sequence: list) -> No
         if after < before:
             assert starting == 0  # never removes replicas that are still starting
             assert now - changed_at >= s.scale_down_delay_seconds  # no flapping
+            assert now - started_at >= s.scale_down_delay_seconds  # every replica got the delay to serve
             assert asked is not None and asked < before
             assert after == max([*window, asked])  # to the most asked within the window
         if after != before:
             changed_at = now
             window = []
         elif asked is not None and asked < after:
-            window.append(asked)
+            window = [asked] if starting else [*window, asked]  # the window restarts while replicas start
         else:
             window = []
         assert (d.event is not None) == (previous is not None and after != before)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 from folio.operator.autoscaling.share import promotion_ready, revision_replicas, service_replicas
+from folio.operator.rollout import RevisionFacts
 from folio.operator.serving.plan import Placement, plan
 from folio.operator.spec import (
+    AutoscalingSpec,
     AutoscalingStatus,
     CanaryStatus,
     InferenceServiceStatus,
     RevisionStatus,
     TrafficTarget,
 )
+from tests.rollout.helpers import READY, deployed, sample
+from tests.rollout.helpers import make_spec as rollout_spec
 from tests.serving.helpers import make_spec, revision
 
 AUTO = {"minReplicas": 0, "maxReplicas": 10, "target": 4}
@@ -79,3 +86,24 @@ def test_the_plan_takes_its_replicas_from_the_decision() -> None:
     assert holding.release_per_replica == 4
     pulling = revision(spec, weights_ready=False)
     assert plan("chat", spec, s.model_copy(update={"revisions": [pulling]}), Placement.cluster()).revisions[0].replicas == 0
+
+
+def test_promotion_waits_for_the_canary_to_have_the_replicas_the_load_needs() -> None:
+    def autoscaled(tag: str) -> Any:
+        return rollout_spec(tag).model_copy(update={"autoscaling": AutoscalingSpec(minReplicas=1, maxReplicas=8)})
+
+    sim = deployed(autoscaled("a"))
+    sim.status.autoscaling = AutoscalingStatus(desired_replicas=4)
+    stable = sim.rev
+    sim.apply(autoscaled("b"))
+    sim.tick(1)
+    canary = sim.rev
+    sim.facts[canary] = READY
+    sim.tick(1)
+    sim.tick(61, analysis=sample("Pass", sim.now + timedelta(seconds=61)))
+    assert sim.weights() == {stable: 50, canary: 50}  # the last step: the canary is brought to 4 replicas
+    sim.tick(61, analysis=sample("Pass", sim.now + timedelta(seconds=61)))
+    assert sim.weights() == {stable: 50, canary: 50}, "one ready canary replica cannot take the whole load"
+    sim.facts[canary] = RevisionFacts("ready", ready_replicas=4)
+    sim.tick(5, analysis=sample("Pass", sim.now + timedelta(seconds=5)))
+    assert sim.weights() == {canary: 100} and sim.status.stable_revision == canary

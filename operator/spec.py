@@ -406,6 +406,7 @@ class AutoscalingStatus(Lenient):
     # down happens once that has lasted scaleDownDelay, to that most (no flapping).
     lower_since: str | None = None
     lower_peak: int | None = None
+    keda: bool | None = None  # True: KEDA's ScaledObjects scale (`autoscaling.keda`), nothing above is Folio's
 
 
 class InferenceServiceStatus(Lenient):

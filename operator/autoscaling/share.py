@@ -22,7 +22,7 @@ def service_replicas(spec: InferenceServiceSpec, status: InferenceServiceStatus)
     auto = spec.autoscaling
     if auto is None:
         return spec.replicas
-    if status.autoscaling is None:
+    if status.autoscaling is None or status.autoscaling.keda:  # KEDA's marker holds no decision of Folio's
         return initial_replicas(auto)
     return clamp(auto, status.autoscaling.desired_replicas)
 

@@ -40,7 +40,8 @@ async def autoscale(meter: LoadMeter, spec: InferenceServiceSpec, status: Infere
         router_texts, engine_texts = await asyncio.gather(scrape(client, routers), scrape(client, engines))
     load = meter.load(auto, now, router_texts, engine_texts, ready=ready, starting=starting,
                       asked=SCALE_UP_ANNOTATION in annotations)
-    return decide(auto, status.autoscaling, load)
+    previous = status.autoscaling if status.autoscaling is not None and not status.autoscaling.keda else None
+    return decide(auto, previous, load)
 
 
 def engine_pods(children: Children, isvc: str, status: InferenceServiceStatus) -> tuple[int, int, list[Obj]]:

@@ -44,6 +44,7 @@ from folio.operator.spec import (
     DOMAIN,
     KIND,
     SCALE_UP_ANNOTATION,
+    AutoscalingStatus,
     InferenceServiceSpec,
     InferenceServiceStatus,
     check_name,
@@ -168,6 +169,9 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
         decision.status.autoscaling = scaled.status
         decision.events += [scaled.event] if scaled.event else []
         decision.requeue_after = min(x for x in (decision.requeue_after, scaled.requeue_after, AUTOSCALE_S) if x)
+    elif spec.autoscaling is not None:  # KEDA scales: say so rather than keep a stale decision
+        decision.status.autoscaling = AutoscalingStatus(metric=spec.autoscaling.metric, keda=True,
+                                                        reason="scaled by KEDA: a ScaledObject per revision")
     else:
         decision.status.autoscaling = None
     known = {(f.revision, f.at) for f in status.failed_revisions}
@@ -176,7 +180,8 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
             metrics.REVISIONS_FAILED.labels(namespace=isvc.namespace, isvc=isvc.name, reason=failed.reason).inc()
     await _execute(ctx, body, isvc, spec, decision.status, children, expect)
     await _write_status(ctx, isvc, decision.status)
-    scaled_up = decision.status.autoscaling is None or decision.status.autoscaling.desired_replicas > 0
+    auto = decision.status.autoscaling
+    scaled_up = auto is None or auto.keda or auto.desired_replicas > 0
     asked = SCALE_UP_ANNOTATION in isvc.annotations and scaled_up
     if decision.overrides_done or asked:  # acted on: remove the annotations so they are not acted on twice
         cleared = {f"{DOMAIN}/{name}": None for name in decision.overrides_done}

@@ -32,6 +32,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("discovery.k8s.io", "endpointslices"): frozenset({"get", "list", "watch"}),
     ("", "secrets"): frozenset({"get"}),
     ("", "events"): frozenset({"create"}),
+    # spec.autoscaling.keda: the planner's ScaledObjects
+    ("keda.sh", "scaledobjects"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
 }
 PEERING = {
     False: {("kopf.dev", "kopfpeerings"): frozenset({"get", "list", "watch", "patch"})},
@@ -108,6 +110,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
         ("rbac.authorization.k8s.io/v1", "Role"): ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
+        ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:

@@ -19,8 +19,10 @@ from tests.operator.harness import (
     ApiServer,
     Cluster,
     condition,
+    declare_resources,
     eventually,
     isvc_manifest,
+    rev_of,
     running_operator,
     serve_first_revision,
 )
@@ -122,3 +124,36 @@ async def test_replicas_follow_in_flight_scale_to_zero_and_come_back_when_asked(
 async def _reason_has(cluster: Cluster, text: str) -> bool:
     auto = (await cluster.isvc())["status"].get("autoscaling") or {}
     return text in auto.get("reason", "")
+
+
+async def test_keda_renders_scaled_objects_and_prunes_them_when_turned_off(cluster: Cluster) -> None:
+    declare_resources(cluster.server, keda=True)
+    keda = {**AUTOSCALING, "metric": "Waiting", "keda": True}
+    manifest = isvc_manifest(replicas=1, autoscaling=keda,
+                             rollout={"analysis": {"prometheus": {"url": "http://prometheus:9090"}}})
+    async with running_operator(cluster.server):
+        await cluster.create_isvc(manifest)
+        rev = rev_of(manifest)
+        await eventually(lambda: cluster.get("batch/v1", "Job", f"chat-prepull-{rev}"), what="pre-pull Job")
+        await cluster.set_status("batch/v1", "Job", f"chat-prepull-{rev}", {"succeeded": 1})
+        scaled = await eventually(lambda: cluster.get("keda.sh/v1alpha1", "ScaledObject", f"chat-{rev}"),
+                                  what="the ScaledObject")
+        assert scaled["spec"]["scaleTargetRef"]["name"] == f"chat-{rev}"
+        assert "vllm:num_requests_waiting" in scaled["spec"]["triggers"][0]["metadata"]["query"]
+        # (that the Deployment is applied without replicas is tested on the rendered objects: the emulator
+        # merges an apply into what is stored, where a real server's field ownership removes the field)
+        auto = await eventually(lambda: _autoscaling(cluster), what="status.autoscaling")
+        assert "KEDA" in auto["reason"]
+
+        await cluster.update_spec("chat", {"autoscaling": {**keda, "keda": False}})
+
+        async def pruned() -> bool:
+            return await cluster.get("keda.sh/v1alpha1", "ScaledObject", f"chat-{rev}") is None
+
+        await eventually(pruned, what="the ScaledObject pruned once keda is off")
+        dep = await cluster.get("apps/v1", "Deployment", f"chat-{rev}")
+        assert dep is not None and dep["spec"]["replicas"] == 1  # Folio's own autoscaler again
+
+
+async def _autoscaling(cluster: Cluster) -> dict[str, Any] | None:
+    return (await cluster.isvc()).get("status", {}).get("autoscaling")

@@ -8,6 +8,7 @@ split    smooth weighted round-robin between revisions
 balancer replicas per revision, fewest in-flight first; health: active checks that eject and restore
 outliers Envoy-style passive ejection: consecutive failures eject for a growing time, half-open readmission
 proxy    one request: pick, attempt, retry on stable, overflow, shadow, relay as it arrives
+hold     requests held while nothing is ready (scale from zero): bounded, timed out, released at a pace
 app      the aiohttp app (/v1/*, /health, /ready, /metrics); server: run it (CLI or embedded)
 
 Embedding (tests, benchmarks; `folio up` runs `folio router --config FILE` as a process):

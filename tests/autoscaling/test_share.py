@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from rich.console import Console
+
 from folio.operator.autoscaling.share import promotion_ready, revision_replicas, service_replicas
+from folio.operator.local.render import status_table
 from folio.operator.rollout import RevisionFacts
 from folio.operator.serving.plan import Placement, plan
 from folio.operator.spec import (
@@ -107,3 +110,11 @@ def test_promotion_waits_for_the_canary_to_have_the_replicas_the_load_needs() ->
     sim.facts[canary] = RevisionFacts("ready", ready_replicas=4)
     sim.tick(5, analysis=sample("Pass", sim.now + timedelta(seconds=5)))
     assert sim.weights() == {canary: 100} and sim.status.stable_revision == canary
+
+
+def test_status_table_shows_the_decision() -> None:
+    console = Console(width=200, record=True)
+    console.print(status_table("chat", status(3, ("s", 100)).model_copy(update={"autoscaling": AutoscalingStatus(
+        desired_replicas=3, current_replicas=1, metric="InFlight", reason="scaled up: InFlight 9 at target 4")})))
+    text = console.export_text()
+    assert "autoscaling (InFlight): 1 ready, 3 desired; scaled up: InFlight 9 at target 4" in text

@@ -4,11 +4,12 @@
    length buckets, as average time per attention call (one layer of one step) over the throughput
    workload (64 prompts of 8-200 words, --output-len tokens each). Calls of steps with prefill chunks
    count too (they also attend), so this is a per-call average of the engine's real mix.
-2. Projections: time per projection at decode batch 64 (SmolLM2's and Gemma 3 270M's shapes) with
+2. Projections: time per projection (SmolLM2's and Gemma 3 270M's shapes) with
    MKL's `F.linear` on the weight row-major (as loaded) and column-major (what the engine does without
-   oneDNN), and oneDNN's matmul on the row-major weight (`folio.engine.layers.linear`, what it does).
+   oneDNN), and oneDNN's matmul on the row-major weight and on the weight prepacked into its blocked
+   layout (`folio.engine.layers.linear`: what the engine does), at decode batches 8 and 64.
 
-    .venv/bin/python bench/cpu_paths.py [--threads 1] [--output-len 64]
+    .venv/bin/python bench/cpu_paths.py [--threads 1] [--output-len 64] [--projections-only]
 """
 
 from __future__ import annotations
@@ -71,17 +72,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--projections-only", action="store_true", help="skip the attention comparison")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from throughput import model_dir
 
-    from folio.engine.layers.linear import ONEDNN, linear
+    from folio.engine.layers.linear import ONEDNN, linear, pack_for_onednn
     from folio.kernels import decode_attention_cpu
     from tests.support.models import smollm2_safetensors
 
     smollm2_safetensors(model_dir("smollm2"))
     print(f"threads {args.threads}; native kernel built: {decode_attention_cpu.AVAILABLE}")
-    if decode_attention_cpu.AVAILABLE:
+    if decode_attention_cpu.AVAILABLE and not args.projections_only:
         gather_ms, gather_s = attention_ms_per_call(False, args.output_len)
         native_ms, native_s = attention_ms_per_call(True, args.output_len)
         print(f"attention per layer call: gather + SDPA {gather_ms:.2f} ms (run {gather_s:.1f} s), "
@@ -92,17 +94,21 @@ def main() -> int:
     shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
               "lm_head": (49152, 576), "gemma qkv": (1536, 640), "gemma o": (640, 1024),
               "gemma gate_up": (4096, 640), "gemma down": (640, 2048), "gemma lm_head": (262144, 640)}
-    for name, (out_features, in_features) in shapes.items():
-        x, w = torch.randn(64, in_features), torch.randn(out_features, in_features)
-        column_major = w.t().contiguous().t()
-        assert torch.equal(F.linear(x, w), F.linear(x, column_major))
-        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-4, atol=1e-3)  # rounding only (|y| ~ 50)
-        # alternating, each variant's best of three: the machine's speed drifts between measurements
-        timings = [(linear_ms(F.linear, x, w), linear_ms(F.linear, x, column_major), linear_ms(linear, x, w))
-                   for _ in range(3)]
-        row, col, dnn = (min(t[i] for t in timings) for i in range(3))
-        print(f"linear {name:14s} batch 64: MKL row-major {row:7.3f} ms, column-major {col:7.3f} ms, "
-              f"oneDNN {dnn:7.3f} ms; oneDNN vs the better MKL {min(row, col) / dnn:.2f}x", flush=True)
+    for batch in (8, 64):
+        for name, (out_features, in_features) in shapes.items():
+            x, w = torch.randn(batch, in_features), torch.randn(out_features, in_features)
+            column_major = w.t().contiguous().t()
+            assert torch.equal(F.linear(x, w), F.linear(x, column_major))
+            torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-4, atol=1e-3)  # rounding (|y| ~ 50)
+            packed = pack_for_onednn(w) if ONEDNN else w
+            torch.testing.assert_close(linear(x, packed), F.linear(x, w), rtol=1e-4, atol=1e-3)
+            # alternating, each variant's best of three: the machine's speed drifts between measurements
+            timings = [(linear_ms(F.linear, x, w), linear_ms(F.linear, x, column_major), linear_ms(linear, x, w),
+                        linear_ms(linear, x, packed)) for _ in range(3)]
+            row, col, dnn, dnn_packed = (min(t[i] for t in timings) for i in range(4))
+            print(f"linear {name:14s} batch {batch:2d}: MKL row-major {row:7.3f} ms, column-major {col:7.3f} ms, "
+                  f"oneDNN {dnn:7.3f} ms, prepacked {dnn_packed:7.3f} ms; oneDNN vs the better MKL "
+                  f"{min(row, col) / dnn:.2f}x, prepacked vs row-major oneDNN {dnn / dnn_packed:.2f}x", flush=True)
     return 0
 
 

@@ -4,7 +4,7 @@
 # when importable, and the kernel called as the engine's CUDA graphs call it), the kernel tests compiled for
 # the GPU (gpu-marked ones at full size), the engine's GPU tests (CUDA graphs vs eager, CUDA vs CPU), then the
 # prefill and engine benchmarks (random-weight Llama-3-8B / Qwen2.5-7B geometries built on the machine, against
-# transformers generate). It installs nothing and needs only torch (CUDA), triton, transformers, numpy, pytest
+# transformers generate), and with two or more GPUs TP=2 against TP=1 (bench/tp.py). It installs nothing and needs only torch (CUDA), triton, transformers, numpy, pytest
 # and safetensors: no pydantic, fastapi, kopf or gguf (PY=/path/to/python to choose the Python).
 # With $OUT set, the log is $OUT/gpu_check.log and the figures $OUT/gpu_check.json.
 #
@@ -65,6 +65,7 @@ if ((dry_run)); then
   section "collect kernel and engine GPU tests" 120 "$PY" -m pytest --collect-only "${pytest_args[@]}" \
     tests/kernels tests/engine/test_gpu.py
   section "benchmarks, tiny on CPU" 120 "$PY" bench/kernels.py --dry-run
+  section "tensor parallel benchmark, tiny on CPU" 120 "$PY" bench/tp.py --dry-run
   ((status == 0)) && echo "gpu_check --dry-run: ok" || echo "gpu_check --dry-run: failed: ${failed[*]}"
   exit $status
 fi
@@ -78,13 +79,19 @@ section "kernel tests on the GPU" 120 "$PY" -m pytest "${pytest_args[@]}" tests/
 section "engine tests on the GPU" 90 "$PY" -m pytest "${pytest_args[@]}" tests/engine/test_gpu.py
 section "prefill attention benchmark" 30 "$PY" bench/kernels.py --section prefill --quick --json "$json_dir/prefill.json"
 section "engine benchmark" 140 "$PY" bench/kernels.py --section engine --json "$json_dir/engine.json"
+# two or more GPUs: TP=2 against TP=1 (bench/tp.py, a random ~1B Llama built here, bfloat16)
+if (( $("$PY" -c 'import torch; print(torch.cuda.device_count())') >= 2 )); then
+  section "tensor parallel benchmark" 180 "$PY" bench/tp.py --device cuda --json "$json_dir/tp.json"
+else
+  echo "== tensor parallel benchmark: skipped (one GPU)"
+fi
 
 "$PY" - "$json_dir" "${failed[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 folder, failed = Path(sys.argv[1]), sys.argv[2:]
 figures = {"failed_sections": failed}
-for part in ("decode", "prefill", "engine"):
+for part in ("decode", "prefill", "engine", "tp"):
     path = folder / f"{part}.json"
     if path.exists():
         figures.update(json.loads(path.read_text()))

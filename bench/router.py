@@ -1,11 +1,19 @@
 """Router overhead: added latency vs talking to the upstream directly, max req/s, streaming TTFT.
 
 One `folio router` process (the real CLI, config file) in front of one fake engine that answers at
-once (aiohttp, its own process); the load generator is this process. Every figure is measured
+once (aiohttp, its own process, listening on four loopback addresses so that the router balances four
+replicas); the load generator is this process. Every figure is measured
 against the same upstream reached directly, in the same run (issue 7 targets: added p50 <= 1 ms
-and p99 <= 5 ms at 200 req/s; >= 1,000 req/s through one router process).
+and p99 <= 5 ms at 200 req/s; >= 1,000 req/s through one router process; issue 21: the same with
+PrefixHash on, and >= 2,000 req/s).
 
     .venv/bin/python bench/router.py [--rate 200] [--seconds 5] [--concurrency 32]
+        [--strategy PrefixHash|LeastLoaded] [--client aiohttp|httpx] [--new-connections] [--body-bytes N]
+
+The last three change only the paced latency phase's client, to tell apart what an independent client
+measures: another HTTP client library (httpx, pure Python), a new TCP connection per request instead of
+reused ones, and a request body of realistic size (the router parses every body as JSON and, with
+PrefixHash, reads its affinity key).
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ import time
 from pathlib import Path
 
 import aiohttp
+import httpx
 import psutil
 
 COMPLETION = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8}).encode()
 STREAM = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8, "stream": True}).encode()
 HEADERS = {"Content-Type": "application/json"}
+LOOPBACKS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")  # one fake engine, four replica addresses
 
 
 # ------------------------------------------------------------------------------ fake upstream
@@ -58,7 +68,8 @@ def run_upstream(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    # Listening on several loopback addresses: the router sees that many replicas (and PrefixHash its ring).
+    web.run_app(app, host=list(LOOPBACKS), port=port, access_log=None, print=None)
 
 
 # ------------------------------------------------------------------------------- measuring
@@ -86,8 +97,13 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, procs: list[subpr
     raise SystemExit(f"{url} never became ready")
 
 
-async def one(session: aiohttp.ClientSession, url: str) -> float:
+async def one(session: aiohttp.ClientSession | httpx.AsyncClient, url: str) -> float:
     started = time.perf_counter()
+    if isinstance(session, httpx.AsyncClient):
+        resp_x = await session.post(url, content=COMPLETION, headers=HEADERS)
+        if resp_x.status_code != 200:
+            raise RuntimeError(f"{url} answered {resp_x.status_code}")
+        return time.perf_counter() - started
     async with session.post(url, data=COMPLETION, headers=HEADERS) as resp:
         await resp.read()
         if resp.status != 200:
@@ -96,7 +112,7 @@ async def one(session: aiohttp.ClientSession, url: str) -> float:
 
 
 async def paced(
-    session: aiohttp.ClientSession, urls: list[str], rate: float, seconds: float
+    session: aiohttp.ClientSession | httpx.AsyncClient, urls: list[str], rate: float, seconds: float
 ) -> list[list[float]]:
     """Open loop at `rate` req/s per URL, whatever earlier requests are doing. The URLs take turns
     (request i goes to each in a row, spread over the interval), so that bursts of noise from a
@@ -162,11 +178,15 @@ async def measure(args: argparse.Namespace, direct: str, routed: str) -> int:
         await wait_ready(session, direct + "/health", procs)
         await wait_ready(session, routed + "/ready", procs)
         urls = [direct + "/v1/completions", routed + "/v1/completions"]
-        await paced(session, urls, args.rate, 1.0)  # warm both paths up
-        cpu_before = cpu_seconds(args.router_pid)
-        LATE.clear()
-        base, via = await paced(session, urls, args.rate, args.seconds)
-        router_cpu = cpu_seconds(args.router_pid) - cpu_before
+        async with latency_client(args) as client:
+            await paced(client, urls, args.rate, 1.0)  # warm both paths up
+            cpu_before = cpu_seconds(args.router_pid)
+            LATE.clear()
+            base, via = await paced(client, urls, args.rate, args.seconds)
+            router_cpu = cpu_seconds(args.router_pid) - cpu_before
+        print(f"strategy {args.strategy}; latency client {args.client}, "
+              f"{'a new connection per request' if args.new_connections else 'reused connections'}, "
+              f"{len(COMPLETION)}-byte bodies")
         late = pct(LATE, 0.99)
         print(f"latency at {args.rate:.0f} req/s, {len(via)} requests each:")
         print(f"  direct        p50 {ms(pct(base, 0.5))}   p99 {ms(pct(base, 0.99))}")
@@ -181,6 +201,8 @@ async def measure(args: argparse.Namespace, direct: str, routed: str) -> int:
         print(
             f"  ratio via/direct: p50 {pct(via, 0.5) / pct(base, 0.5):.2f}x  p99 {pct(via, 0.99) / pct(base, 0.99):.2f}x"
         )
+        if args.latency_only:
+            return 0
 
         rps_direct = await closed_loop(session, direct + "/v1/completions", args.concurrency, args.seconds)
         cpu_before = cpu_seconds(args.router_pid)
@@ -206,14 +228,31 @@ async def measure(args: argparse.Namespace, direct: str, routed: str) -> int:
     return 0
 
 
+def latency_client(args: argparse.Namespace) -> aiohttp.ClientSession | httpx.AsyncClient:
+    if args.client == "httpx":
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0 if args.new_connections else None)
+        return httpx.AsyncClient(limits=limits, timeout=30.0)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=args.new_connections))
+
+
 def main() -> int:
+    global COMPLETION
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0, help="paced request rate for the latency phase")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured phase")
     parser.add_argument("--concurrency", type=int, default=32, help="clients in the max-throughput phase")
     parser.add_argument("--ttft-samples", type=int, default=200)
+    parser.add_argument("--strategy", default="PrefixHash", choices=["PrefixHash", "LeastLoaded"])
+    parser.add_argument("--client", default="aiohttp", choices=["aiohttp", "httpx"], help="latency phase's client")
+    parser.add_argument("--new-connections", action="store_true", help="latency phase: no keep-alive")
+    parser.add_argument("--body-bytes", type=int, default=0, help="pad the latency phase's prompt to this size")
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput and streaming phases")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the fake engine
     args = parser.parse_args()
+    if args.body_bytes:
+        base = len(COMPLETION) - len("hello")
+        words = ("Summarize the attached support ticket and cite the policy section. " * 200)[: max(0, args.body_bytes - base)]
+        COMPLETION = json.dumps({"model": "m", "prompt": words or "hello", "max_tokens": 8}).encode()
     if args.upstream:
         run_upstream(args.upstream)
         return 0
@@ -223,7 +262,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "router.json"
         config.write_text(
-            json.dumps({"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [direct]}})
+            json.dumps({"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [f"http://{h}:{up_port}" for h in LOOPBACKS]},
+                        "loadBalancing": {"strategy": args.strategy}})
         )
         folio = str(Path(sys.executable).with_name("folio"))
         args.procs = [

@@ -24,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -75,6 +76,31 @@ def shared_prefix_workload(tokenizer, num_prompts: int) -> list[list[int]]:
         list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
         for c in convs
     ]
+
+
+def run_with_peak_rss(cmd: list[str], cwd: Path, env: dict | None) -> tuple[subprocess.CompletedProcess, float]:
+    """Runs a phase and samples the resident memory of its whole process tree every 50 ms (vLLM runs its
+    engine core in a child process, which the phase's own ``ru_maxrss`` does not see)."""
+    import psutil
+
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        peak, stop = 0, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            root = psutil.Process(p.pid)
+            while not stop.wait(0.05):
+                try:
+                    tree = [root, *root.children(recursive=True)]
+                    peak = max(peak, sum(proc.memory_info().rss for proc in tree))
+                except psutil.Error:
+                    continue
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out, err = p.communicate()
+        stop.set()
+        sampler.join()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), peak / (1 << 20)
 
 
 def peak_rss_mib() -> float:
@@ -214,13 +240,14 @@ def main() -> int:
                "--num-prompts", str(args.num_prompts),
                "--output-len", str(args.output_len), "--shared-output-len", str(args.shared_output_len)]
         cmd += ["--threads", str(threads)] if threads else []
-        proc = subprocess.run(pinned(cmd, cpus), capture_output=True, text=True, cwd=cwd, env=env)
+        proc, tree_peak = run_with_peak_rss(pinned(cmd, cpus), cwd, env)
         if proc.returncode != 0:
             print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)
             continue
         # the phase's own line: vLLM also logs to stdout
         r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
         r["tok_s"] = r["output_tokens"] / r["seconds"]
+        r["peak_rss_mib"] = max(r["peak_rss_mib"], tree_peak)  # vLLM's engine core is a child process
         if phase not in results or r["seconds"] < results[phase]["seconds"]:
             results[phase] = r
         extra = f"  prefix hits {r['prefix_hit_rate']:.0%}" if "prefix_hit_rate" in r else ""

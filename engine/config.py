@@ -37,6 +37,11 @@ class EngineConfig:
     # Off: a prompt is prefilled in one step (the budget then has to cover max_model_len).
     enable_chunked_prefill: bool = True
     tokenizer: str | None = None  # a tokenizer folder; default: the model folder / the GGUF's vocabulary
+    fault_logit_noise: float = 0.0  # test aid: Gaussian noise of this std on the logits (folio.engine.prompt_logits)
+    # Processes (one per device) the model is sharded over (`folio.engine.distributed`).
+    tensor_parallel_size: int = 1
+    # Seconds a tensor-parallel collective may wait before the watchdog takes the replica down.
+    collective_timeout: float = 15.0
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -58,6 +63,12 @@ class EngineConfig:
             raise bad("max_num_seqs", ">= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise bad("max_num_batched_tokens", ">= 1")
+        if not 0 <= self.fault_logit_noise < float("inf"):
+            raise bad("fault_logit_noise", "a finite number >= 0")
+        if self.tensor_parallel_size < 1:
+            raise bad("tensor_parallel_size", ">= 1")
+        if not self.collective_timeout > 0:
+            raise bad("collective_timeout", "> 0")
 
 
 @dataclass

@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import psutil
 import torch
 
+from folio.engine import memory_profile
 from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
+from folio.engine.distributed.errors import RankFailedError
+from folio.engine.distributed.executor import TensorParallelExecutor
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
+from folio.engine.prompt_logits import LogitNoise
+from folio.engine.sampler import SampleResult
 from folio.engine.sampling_params import SamplingParams
-from folio.engine.scheduler import Scheduler
+from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
+from folio.engine.warmup import warm_up_kernels
 
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
+StepResult = tuple[list[ScheduledSeq], SampleResult | None]  # what `ModelRunner.step` returns
 # Without kv_cache_memory_gib, the CPU KV cache takes this share of available RAM, at most _CPU_KV_MAX_GIB.
 _CPU_KV_RAM_SHARE = 0.2
 _CPU_KV_MAX_GIB = 2.0
@@ -48,30 +56,42 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
         model_config.max_model_len = _max_model_len(config, model_config)
         self.model_config: ModelConfig = model_config
-        model = load_model(
-            config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest
-        )
-        self.tokenizer = load_tokenizer(config.model, config.tokenizer)
+        # Tensor parallelism: rank 0 (this process) starts the other ranks, which load beside it.
+        self.parallel: TensorParallelExecutor | None = None
+        if config.tensor_parallel_size > 1:
+            self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
+            self.device = self.parallel.device
+        try:
+            model = load_model(
+                config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest,
+                tp=self.parallel and self.parallel.tp,
+            )
+            self.tokenizer = load_tokenizer(config.model, config.tokenizer)
+            rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
+            budget = step_token_budget(config, model_config)
+            self.runner, num_blocks = self._start_runner(model, rank_config, budget)
+            self._step = self._run_step(self.runner)
+            self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
+            warm_up_kernels(self.runner, model_config.max_model_len)
+            if self.parallel:
+                self.parallel.start_probes()
+        except BaseException:
+            self.close()
+            raise
         eos = set(model_config.eos_token_ids)
         if not eos and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
 
-        num_blocks = self._num_kv_blocks(model_config)
         bs = config.block_size
-        budget = step_token_budget(config, model_config)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
-        self.runner = ModelRunner(
-            model, model_config, num_blocks, bs, self.dtype, self.device, config.seed,
-            max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager,
-        )
         self._seqs: dict[str, Sequence] = {}
         self.num_failed_steps = 0
         self._failing_streak = 0
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d, dtype %s, device %s",
-            num_blocks, bs, num_blocks * bs, num_blocks * kv_bytes_per_block(model_config, bs, self.dtype) / GIB,
+            num_blocks, bs, num_blocks * bs, num_blocks * kv_bytes_per_block(rank_config, bs, self.dtype) / GIB,
             model_config.max_model_len, str(self.dtype).removeprefix("torch."), self.device,
         )
         if num_blocks * bs < model_config.max_model_len:
@@ -82,16 +102,63 @@ class LLMEngine:
 
     # --- sizing -----------------------------------------------------------------------------------------
 
-    def _num_kv_blocks(self, cfg: ModelConfig) -> int:
-        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
-        if self.config.kv_cache_memory_gib is not None:
-            budget = self.config.kv_cache_memory_gib * GIB
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = total * self.config.gpu_memory_utilization - used - self._activation_reserve(cfg)
+    def _start_runner(self, model: torch.nn.Module, cfg: ModelConfig, budget: int) -> tuple[ModelRunner, int]:
+        """The model runner (every tensor-parallel rank's) with its KV cache: ``kv_cache_memory_gib`` (or
+        a share of the CPU's RAM) as given, else what the device has left after the largest step, which
+        runs first against a one-block cache. Ranks are alike, so rank 0's profile sizes every rank."""
+        config = self.config
+        meter = None if config.kv_cache_memory_gib is not None else memory_profile.meter_for(self.device)
+        if meter is None:
+            num_blocks = self._num_kv_blocks(cfg, self._fixed_kv_budget())
         else:
-            budget = min(_CPU_KV_MAX_GIB * GIB, psutil.virtual_memory().available * _CPU_KV_RAM_SHARE)
+            num_blocks = memory_profile.PROFILE_KV_BLOCKS
+        eager = config.enforce_eager or meter is not None  # graphs only once the cache has its size
+        if self.parallel:
+            self.parallel.start(num_blocks, enforce_eager=eager)  # the workers build theirs beside this one
+        runner = ModelRunner(
+            model, cfg, num_blocks, config.block_size, self.dtype, self.device, config.seed,
+            max_num_seqs=config.max_num_seqs, enforce_eager=eager,
+        )
+        if self.parallel:
+            self.parallel.wait_ready()
+        if meter is None:
+            return runner, num_blocks
+        profile = memory_profile.profile_step(runner, meter, budget, config.max_num_seqs, run_step=self._run_step(runner))
+        kv_budget = memory_profile.kv_cache_budget(meter, config.gpu_memory_utilization, profile)
+        log.info(
+            "profiled the largest step (%d tokens over %d sequences): %.2f GiB in use, %.2f GiB activations; "
+            "%.2f GiB left for the KV cache at utilization %.2f of %.2f GiB",
+            profile.num_tokens, profile.num_seqs, profile.in_use / GIB, profile.activation_bytes / GIB,
+            kv_budget / GIB, config.gpu_memory_utilization, meter.total() / GIB,
+        )
+        num_blocks = self._num_kv_blocks(cfg, kv_budget)
+        if self.parallel:
+            self.parallel.resize(num_blocks, enforce_eager=config.enforce_eager)
+        runner.resize_kv_cache(num_blocks, enforce_eager=config.enforce_eager)
+        if self.parallel:
+            self.parallel.wait_ready()
+        return runner, num_blocks
+
+    def _run_step(self, runner: ModelRunner) -> Callable[[list[ScheduledSeq]], StepResult]:
+        """How a step runs: on ``runner``, with the other tensor-parallel ranks running it beside."""
+        if self.parallel is None:
+            return runner.step
+        parallel = self.parallel
+
+        def run(batch: list[ScheduledSeq]) -> StepResult:
+            parallel.broadcast_step(batch)
+            return runner.step(batch)
+
+        return run
+
+    def _fixed_kv_budget(self) -> float:
+        """The KV budget without profiling: as configured, else a share of the CPU's available RAM."""
+        if self.config.kv_cache_memory_gib is not None:
+            return self.config.kv_cache_memory_gib * GIB
+        return min(_CPU_KV_MAX_GIB * GIB, psutil.virtual_memory().available * _CPU_KV_RAM_SHARE)
+
+    def _num_kv_blocks(self, cfg: ModelConfig, budget: float) -> int:
+        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
         num_blocks = int(budget // per_block)
         # more blocks than every sequence at full length could use would only waste memory
         useful = self.config.max_num_seqs * -(-cfg.max_model_len // self.config.block_size)
@@ -103,14 +170,6 @@ class LLMEngine:
                 "gpu_memory_utilization"
             )
         return num_blocks
-
-    def _activation_reserve(self, cfg: ModelConfig) -> int:
-        """A generous estimate of the forward pass's peak temporary memory on the GPU."""
-        tokens = step_token_budget(self.config, cfg)  # the largest step: max_model_len with chunking off
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 3 * cfg.num_attention_heads * cfg.head_dim)
-        logits = self.config.max_num_seqs * cfg.vocab_size * 4 * 4
-        return 2 * tokens * per_token * elem + logits + GIB // 2
 
     # --- requests ---------------------------------------------------------------------------------------
 
@@ -189,8 +248,13 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            sampled, result = self.runner.step(batch)
+            sampled, result = self._step(batch)  # with the other tensor-parallel ranks beside
+        except RankFailedError as exc:
+            raise EngineBrokenError(str(exc)) from exc
         except Exception as exc:
+            lost = self.parallel and self.parallel.failure_after(wait_s=1.0)  # a collective error: a rank lost?
+            if lost:
+                raise EngineBrokenError(str(lost)) from exc
             self.num_failed_steps += 1
             self._failing_streak += 1
             if self._failing_streak >= MAX_CONSECUTIVE_STEP_FAILURES:
@@ -203,6 +267,11 @@ class LLMEngine:
             if seq.is_finished:
                 del self._seqs[seq.request_id]
         return [seq.take_output() for seq in updated]
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -5,16 +5,20 @@ A pinned digest is checked before anything is read into memory, so mismatching w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from folio.engine.config import ModelConfig
 from folio.engine.digest import verify_digest
+from folio.engine.distributed.sharding import ParamShard, TensorParallel, shard_model
+from folio.engine.layers.weights import Index, deferred_params
 from folio.engine.models.base import DecoderLM
 from folio.engine.models.registry import architecture_of, gguf_family, model_class
 
@@ -59,6 +63,15 @@ def resolve_dtype(requested: str, declared: str | None, device: torch.device) ->
     return dtype
 
 
+@dataclass
+class LoadStats:
+    """What loading read: the checkpoint bytes copied into parameters (a tensor-parallel rank reads only
+    its shards' bytes)."""
+
+    bytes_read: int = 0
+    shards: dict[str, ParamShard] = field(default_factory=dict)  # what each sharded parameter holds
+
+
 def load_model(
     path: str | Path,
     cfg: ModelConfig,
@@ -66,58 +79,85 @@ def load_model(
     device: torch.device,
     max_position: int,
     digest: str | None = None,
+    tp: TensorParallel | None = None,
 ) -> DecoderLM:
+    """The model with its weights; with ``tp``, this rank's shard of it (`folio.engine.distributed`)."""
     p = Path(path)
     if digest is not None:
         verify_digest(p, digest)
         log.info("weights match digest %s", digest)
     cls = model_class(cfg.architecture)
-    with torch.device(device):
+    with torch.device(device), deferred_params() if tp is not None else contextlib.nullcontext():
         default = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
             model = cls(cfg, max_position)
         finally:
             torch.set_default_dtype(default)
+    targets = model.checkpoint_targets()  # full-model layout, before sharding shrinks the blocks
+    shards = {} if tp is None else shard_model(model, tp, device)
     tensors = _gguf_tensors(p, model) if is_gguf(p) else _safetensors(p)
-    _fill(model, tensors)
+    model.load_stats = LoadStats(_fill(model, tensors, targets, shards), shards)
     model.finish_loading()
     total, active = model.parameter_counts()
+    where = "" if tp is None else f" on tensor-parallel rank {tp.rank} of {tp.size}"
     if active != total:
-        log.info("%s: %.1fM parameters, %.1fM active per token", cfg.architecture, total / 1e6, active / 1e6)
+        log.info("%s: %.1fM parameters%s, %.1fM active per token", cfg.architecture, total / 1e6, where, active / 1e6)
     else:
-        log.info("%s: %.1fM parameters", cfg.architecture, total / 1e6)
+        log.info("%s: %.1fM parameters%s", cfg.architecture, total / 1e6, where)
     return model.eval()
 
 
-def _fill(model: DecoderLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Copy each checkpoint tensor into its part of a parameter; every parameter must end up whole."""
+class TensorSource(Protocol):
+    """A checkpoint tensor not yet read: its shape, and reading all of it or a slice."""
+
+    def get_shape(self) -> list[int]: ...
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+
+def _fill(
+    model: DecoderLM,
+    tensors: Iterator[tuple[str, TensorSource]],
+    targets: dict[str, tuple[str, Index]],
+    shards: dict[str, ParamShard],
+) -> int:
+    """Copy each checkpoint tensor into its part of a parameter (only this rank's pieces of a sharded
+    one); every parameter must end up whole. Returns the bytes read."""
     params = dict(model.named_parameters())
-    targets = model.checkpoint_targets()
     filled: dict[str, int] = {}
-    for name, tensor in tensors:
+    read = 0
+    for name, source in tensors:
         target = targets.get(name)
         if target is None:
             continue  # e.g. a tied lm_head, rotary caches
         pname, index = target
         if pname not in params:
             raise ValueError(f"checkpoint tensor {name} has no place in {model.config.architecture} with this config")
-        part = params[pname].data[index] if index else params[pname].data
-        if part.shape != tensor.shape:
-            raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(part.shape)}")
-        part.copy_(tensor)
-        filled[pname] = filled.get(pname, 0) + tensor.numel()
+        shard = shards.get(pname)
+        full = params[pname].data if shard is None else torch.empty(shard.full_shape, device="meta")
+        expected = tuple((full[index] if index else full).shape)
+        if tuple(source.get_shape()) != expected:
+            raise ValueError(f"checkpoint tensor {name} has shape {tuple(source.get_shape())}, expected {expected}")
+        pieces = [((), index)] if shard is None else shard.pieces(index)
+        for src, dst in pieces:
+            tensor = source[src] if src else source[:]
+            part = params[pname].data[dst] if dst else params[pname].data
+            part.copy_(tensor)
+            filled[pname] = filled.get(pname, 0) + tensor.numel()
+            read += tensor.numel() * tensor.element_size()
     wrong = [n for n, p in params.items() if filled.get(n, 0) != p.numel()]
     if wrong:
         raise ValueError(
             f"checkpoint lacks (or repeats) weights for: {', '.join(wrong[:5])}{' …' if len(wrong) > 5 else ''}"
         )
+    return read
 
 
 # --- safetensors ------------------------------------------------------------------------------------
 
 
-def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors(folder: Path) -> Iterator[tuple[str, TensorSource]]:
+    """Each tensor as a lazy slice of the memory-mapped file: only what is indexed is read."""
     from safetensors import safe_open
 
     files = sorted(folder.glob("*.safetensors"))
@@ -126,7 +166,7 @@ def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 # --- GGUF ---------------------------------------------------------------------------------------------
@@ -153,9 +193,9 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _gguf_tensors(path: Path, model: DecoderLM) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_tensors(path: Path, model: DecoderLM) -> Iterator[tuple[str, TensorSource]]:
     """GGUF tensors dequantised, renamed to the Hugging Face names and converted back where llama.cpp
-    changed them."""
+    changed them (whole: a tensor-parallel rank then keeps its slices of them)."""
     from gguf import GGUFReader, dequantize
 
     reader = GGUFReader(path)
@@ -164,4 +204,17 @@ def _gguf_tensors(path: Path, model: DecoderLM) -> Iterator[tuple[str, torch.Ten
         if name is None:
             continue
         data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
-        yield name, model.gguf_tensor(t.name, data)
+        yield name, _Loaded(model.gguf_tensor(t.name, data))
+
+
+class _Loaded:
+    """A tensor already in memory, as a `TensorSource`."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self.tensor[index]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from folio.engine import prompt_logits
 from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
@@ -80,6 +81,8 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class ModelRunner:
+    logit_noise: prompt_logits.LogitNoise | None = None  # the --fault-logit-noise test aid, set by the engine
+
     def __init__(
         self,
         model: DecoderLM,
@@ -114,6 +117,26 @@ class ModelRunner:
         if device.type == "cuda" and not enforce_eager and model.supports_cuda_graphs:
             self.enable_decode_graphs()
 
+    def resize_kv_cache(self, num_blocks: int, *, enforce_eager: bool = False) -> None:
+        """Replaces the cache (e.g. the profiling step's single block) with ``num_blocks`` empty blocks;
+        decode graphs, which hold the old cache's addresses, are captured again."""
+        layers, kv_heads, head_dim, dtype = self.kv_caches_shape
+        self.decode_graphs = None
+        self._gather = None
+        self.kv_caches = []  # the old cache goes before the new one is allocated
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_caches = allocate_kv_cache(layers, num_blocks, self.block_size, kv_heads, head_dim, dtype, self.device)
+        self.block_tables = BlockTables(self.block_size, self.device)
+        if self.device.type == "cuda" and not enforce_eager and self.model.supports_cuda_graphs:
+            self.enable_decode_graphs()
+
+    @property
+    def kv_caches_shape(self) -> tuple[int, int, int, torch.dtype]:
+        """(layers, KV heads, head_dim, dtype) of the cache."""
+        k = self.kv_caches[0][0]
+        return len(self.kv_caches), k.shape[2], k.shape[3], k.dtype
+
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
@@ -135,11 +158,17 @@ class ModelRunner:
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, self.kv_caches, ctx)
+        if prompt_logits.wanted(inputs):
+            prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         sampling = inputs.sampling
         if not sampling:
             return [], None
-        logits = self.model.compute_logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
+        logits = self._logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
         return sampling, self.sampler(logits, [s.seq for s in sampling])
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.compute_logits(hidden)
+        return logits if self.logit_noise is None else self.logit_noise(logits)
 
     def _decode_context(
         self, ctx: AttentionContext, decodes: list[ScheduledSeq], lens: list[int], first_row: int
@@ -227,11 +256,13 @@ class ModelRunner:
             self.block_tables.host(inputs.ordered, inputs.context_lens),
             torch.tensor(inputs.context_lens, dtype=torch.int32),
         )
+        if prompt_logits.wanted(inputs):  # a one-token prefill chunk
+            prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         rows = inputs.logit_rows  # one row per decode: the rows of those that sample
         if not rows:  # a one-token prefill chunk that is not the prompt's last
             return [], None
         if len(rows) < len(inputs.ordered):
             hidden = hidden[torch.tensor(rows, device=self.device)]
         sampling = inputs.sampling
-        logits = self.model.compute_logits(hidden)
+        logits = self._logits(hidden)
         return sampling, self.sampler(logits, [s.seq for s in sampling])

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -39,6 +43,10 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None  # monotonic seconds
     error: str | None = None  # set (with finish_reason "error") when a step failed this request
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (in the first output)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    # with SamplingParams.mean_prompt_logits: [vocab] float32, the mean logits over the prompt's positions
+    prompt_logits_mean: torch.Tensor | None = None
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
@@ -54,7 +62,10 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         token_ids=[t for p in parts for t in p.token_ids],
         logprobs=logprobs,
     )
-    return dataclasses.replace(last, outputs=[whole])
+    first = outputs[0]  # the prompt's logits come with a request's first output
+    return dataclasses.replace(
+        last, outputs=[whole], prompt_logprobs=first.prompt_logprobs, prompt_logits_mean=first.prompt_logits_mean
+    )
 
 
 @dataclass

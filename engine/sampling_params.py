@@ -36,6 +36,9 @@ class SamplingParams:
     max_tokens: int = 16
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # top-k of each prompt token's distribution (`folio.engine.prompt_logits`)
+    # Folio's own: hand back the mean over prompt positions of the full logit vector (the parity gate's input)
+    mean_prompt_logits: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -79,6 +82,10 @@ class SamplingParams:
             raise bad("max_tokens", "an integer >= 1")
         if self.logprobs is not None and (not _int(self.logprobs) or not 0 <= self.logprobs <= INT64_MAX):
             raise bad("logprobs", "None or an integer >= 0")
+        if self.prompt_logprobs is not None and (
+            not _int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= INT64_MAX
+        ):
+            raise bad("prompt_logprobs", "None or an integer >= 0")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a list of non-empty strings")
         if any(not _int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from folio.engine.block_manager import BlockManager
+from folio.engine.prompt_logits import needs_prompt_logits
 from folio.engine.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ class Scheduler:
         # Admitting new work right after a preemption would only cause more of it.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            cached = self.block_manager.find_cached_prefix(seq)
+            # a cached prefix computes no logits, and prompt logprobs need every position's
+            cached = [] if needs_prompt_logits(seq) else self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
             n = len(seq) - num_cached
             if n > budget:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from folio.engine.output_text import OutputText
 from folio.engine.outputs import CompletionOutput, RequestOutput
+from folio.engine.prompt_logits import PromptLogits
 from folio.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Sequence:
         # what the next output hands out: tokens from num_sent_tokens on, and their top logprobs
         self.num_sent_tokens = self.num_prompt_tokens
         self._new_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.prompt_logits = PromptLogits.for_params(params, self.prompt_token_ids)  # None unless asked for
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -115,7 +117,7 @@ class Sequence:
             logprobs=logprobs,
             cumulative_logprob=self.cumulative_logprob if logprobs is not None else None,
         )
-        return RequestOutput(
+        output = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
@@ -125,3 +127,8 @@ class Sequence:
             first_token_time=self.first_token_time,
             error=self.error,
         )
+        if self.prompt_logits is not None and self.prompt_logits.complete:  # handed out once, with the first output
+            output.prompt_logprobs = self.prompt_logits.logprobs
+            output.prompt_logits_mean = self.prompt_logits.mean_logits
+            self.prompt_logits = None
+        return output

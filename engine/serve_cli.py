@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
+
 if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
     from folio.engine.server.admission import Faults
@@ -43,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforce-eager", action=argparse.BooleanOptionalAction, default=False, help="no CUDA graphs"
     )
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+    eng.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
+    )
+    eng.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=15.0,
+        help="seconds a tensor-parallel collective may wait before the replica goes down (default: %(default)s)",
+    )
 
     srv = parser.add_argument_group("server")
     srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
@@ -71,6 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /docs and /openapi.json (off by default: the engine has no authentication)",
     )
     srv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_S,
+        help="seconds a client has to send a request's headers before it is disconnected (default: %(default)s)",
+    )
+    srv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_S,
+        help="seconds a client has to send a request's body after its headers (default: %(default)s)",
+    )
+    srv.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -83,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fault-error-rate", type=float, default=0.0, help="answer this fraction of API requests with a 500"
     )
     faults.add_argument("--fault-latency-ms", type=float, default=0.0, help="delay each API request by N ms")
+    faults.add_argument(
+        "--fault-logit-noise",
+        type=float,
+        default=0.0,
+        metavar="STD",
+        help="add Gaussian noise of this std to the logits (sampling, prompt logprobs, parity): answers differ, "
+        "nothing fails",
+    )
 
 
 class FlagError(ValueError):
@@ -106,6 +137,9 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     for dest, minimum in _SERVER_MINIMUMS.items():
         if getattr(args, dest) < minimum:
             raise FlagError(dest, f"--{dest.replace('_', '-')} must be >= {minimum}, got {getattr(args, dest)}")
+    for dest in ("header_timeout", "body_timeout"):
+        if not getattr(args, dest) > 0:
+            raise FlagError(dest, f"--{dest.replace('_', '-')} must be > 0, got {getattr(args, dest)}")
     if not args.shutdown_timeout >= 0:
         raise FlagError("shutdown_timeout", f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms")):
@@ -131,6 +165,9 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             seed=args.seed,
             enforce_eager=args.enforce_eager,
             tokenizer=args.tokenizer,
+            fault_logit_noise=args.fault_logit_noise,
+            tensor_parallel_size=args.tensor_parallel_size,
+            collective_timeout=args.collective_timeout,
         )
     except ConfigValueError as exc:
         raise FlagError(exc.field, str(exc)) from exc
@@ -142,6 +179,7 @@ def main(args: argparse.Namespace) -> int:
 
     from folio.engine.server.app import build_app
     from folio.engine.server.lifecycle import DrainingServer
+    from folio.engine.server.read_timeouts import ReadTimeouts, uvicorn_protocol
     from folio.engine.server.serving import ServingConfig
 
     logging.basicConfig(
@@ -174,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
         digest=args.digest,
     )
     app = build_app(engine, served, faults)
+    if engine.parallel is not None:  # a lost rank fails the engine: readiness off, answers, exit 1
+        async_engine = app.state.server.engine
+        engine.parallel.attach(async_engine.fail_from_thread, async_engine.metrics.registry, served.served_model_name)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -181,9 +222,14 @@ def main(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=5,
+        # uvicorn bounds idle keep-alive connections only: slow-loris clients are closed by this guard
+        http=uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)),
     )
     server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
-    server.run()
+    try:
+        server.run()
+    finally:
+        engine.close()
     if not server.started:
         return 1  # e.g. the port was taken (uvicorn logged why)
     return 1 if server.engine_died else 0

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from folio.kernels._backend import ensure_launchable
+from folio.kernels.layout import BLOCK_TABLE_DTYPE, CONTEXT_LENS_DTYPE
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64                 # context tokens per tile
@@ -130,9 +131,14 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def sm_count(device: torch.device) -> int:
+    """The device's streaming multiprocessors (8 stands in for CPU tensors under the interpreter)."""
+    return _num_sms(device.index or 0) if device.type == "cuda" else 8
+
+
 def choose_num_splits(batch: int, kv_heads: int, max_context_len: int, device: torch.device) -> int:
     """Enough splits to give every SM about two programs, never one shorter than ``MIN_SPLIT_TOKENS``."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    sms = sm_count(device)
     programs = batch * kv_heads
     if programs >= sms:
         return 1
@@ -160,13 +166,45 @@ def launch_decode(
     """The output and, with several splits, each split's log-sum-exp ``[batch, heads, splits]`` (-inf where
     a split read no token: what the tests count the programs that worked by)."""
     ensure_launchable(_decode_kernel, q.device)
+    if num_splits is not None:  # a forced count is used whole (tests, benchmarks)
+        return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, window, num_splits, BLOCK_N)
+    attended = max_context_len if window is None else min(max_context_len, window)  # tokens one query reads
+    num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], attended, q.device)
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, scale, window, num_splits, MIN_SPLIT_TOKENS)
+
+
+def reachable_num_splits(kv_heads: int, max_context_len: int, device: torch.device) -> list[int]:
+    """Every split count ``choose_num_splits`` gives for any batch and contexts up to max_context_len:
+    with the other constants fixed by the model, one decode kernel variant each."""
+    # The count grows with the context (in steps of MIN_SPLIT_TOKENS) and never with the batch, so the
+    # one-sequence batch at every context step reaches them all.
+    steps = triton.cdiv(max(max_context_len, 1), MIN_SPLIT_TOKENS)
+    return sorted({choose_num_splits(1, kv_heads, k * MIN_SPLIT_TOKENS, device) for k in range(1, steps + 1)})
+
+
+def warm_up_decode(
+    num_heads: int, kv_heads: int, head_dim: int, page: int, dtype: torch.dtype, device: torch.device, *,
+    max_context_len: int,
+) -> list[int]:
+    """Compiles, on one-token dummies, each decode (and merge) variant the engine can launch, so that no
+    request waits for Triton's compiler; returns the split counts warmed."""
+    counts = reachable_num_splits(kv_heads, max_context_len, device)
+    q = torch.zeros(1, num_heads, head_dim, dtype=dtype, device=device)
+    cache = torch.zeros(1, page, kv_heads, head_dim, dtype=dtype, device=device)
+    tables = torch.zeros(1, 1, dtype=BLOCK_TABLE_DTYPE, device=device)
+    lens = torch.ones(1, dtype=CONTEXT_LENS_DTYPE, device=device)
+    for count in counts:
+        _launch(q, cache, cache, tables, lens, 1.0, None, count, MIN_SPLIT_TOKENS)
+    return counts
+
+
+def _launch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, window: int | None, num_splits: int, min_split: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     batch, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
-    attended = max_context_len if window is None else min(max_context_len, window)  # tokens one query reads
-    forced = num_splits is not None
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, attended, q.device)
     out = torch.empty_like(q)
     if num_splits > 1:
         part_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -181,8 +219,7 @@ def launch_decode(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        MIN_SPLIT=BLOCK_N if forced else MIN_SPLIT_TOKENS,  # a forced count is used whole (tests, benchmarks)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", MIN_SPLIT=min_split,
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:

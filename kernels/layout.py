@@ -23,6 +23,9 @@ and ``k_cache.view(-1, num_kv_heads, head_dim)[slot(t)]`` is its key (likewise f
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 PAD_SLOT_ID = -1
@@ -58,10 +61,17 @@ def allocate_kv_cache(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One zeroed ``(k_cache, v_cache)`` pair per layer, in the layout above."""
     shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(num_layers)
-    ]
+    return [(_zeros(shape, dtype, torch.device(device)), _zeros(shape, dtype, torch.device(device)))
+            for _ in range(num_layers)]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # Anonymous pages the kernel zeroes on first touch: the cache becomes resident as blocks fill, so a
+    # CPU engine's memory follows its load instead of its budget (torch.zeros would write every page).
+    buffer = mmap.mmap(-1, max(1, math.prod(shape)) * torch.empty((), dtype=dtype).element_size())
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)  # keeps ``buffer`` alive
 
 
 def slots_for_positions(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -24,7 +24,9 @@ BLOCK_M = 128   # query rows (token x head-in-group) per program
 BLOCK_N = 64    # context tokens per tile
 
 
-@triton.jit
+# The sequence count, window and block-table width change from step to step: specializing on them (value
+# 1, divisibility by 16) would compile new variants as contexts grow.
+@triton.jit(do_not_specialize=["num_seqs", "window", "stride_bt"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, cu_q_ptr, context_lens_ptr, block_tables_ptr,
     scale_log2, num_seqs, window,

@@ -13,9 +13,17 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.folio.dev"
@@ -80,6 +88,15 @@ class Model(BaseModel):
 Duration = str  # validated with DURATION_RE where used
 
 
+def _positive(value: str) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError("the duration must be positive")
+    return value
+
+
+PositiveDuration = Annotated[str, Field(pattern=DURATION_RE.pattern), AfterValidator(_positive)]
+
+
 # ----------------------------------------------------------------------------- spec
 
 
@@ -141,7 +158,9 @@ EngineArgValue = int | float | bool | str
 class EngineSpec(Model):
     image: str = Field(default=DEFAULT_IMAGE, description="Container image running `folio serve`.")
     resources: ResourceRequirements = Field(
-        default_factory=lambda: ResourceRequirements(limits={"nvidia.com/gpu": 1})
+        default_factory=lambda: ResourceRequirements(limits={"nvidia.com/gpu": 1}),
+        description="The engine container's resources. Default: nvidia.com/gpu 1, or N with "
+        "args.tensorParallelSize N.",
     )
     args: dict[str, EngineArgValue] = Field(
         default_factory=dict,
@@ -161,24 +180,34 @@ class OutlierDetectionSpec(Model):
     consecutive_errors: int = Field(
         default=5, ge=1, description="Consecutive 5xx answers, connection failures or timeouts that eject a replica."
     )
-    base_ejection_time: Duration = Field(
-        default="30s", pattern=DURATION_RE.pattern,
-        description="Ejection time, times the number of ejections so far, capped at 300s.",
-    )  # fmt: skip
+    base_ejection_time: PositiveDuration = Field(
+        default="30s", description="Ejection time, times the number of ejections so far, capped at 300s."
+    )
     max_ejection_percent: int = Field(
         default=50, ge=0, le=100, description="At most this share of a revision's replicas is ejected at once."
     )
 
-    @field_validator("base_ejection_time")
-    @classmethod
-    def _positive(cls, value: str) -> str:
-        if parse_duration(value) <= 0:
-            raise ValueError("baseEjectionTime must be positive")
-        return value
-
     @property
     def base_ejection_seconds(self) -> float:
         return parse_duration(self.base_ejection_time)
+
+
+class LoadBalancingSpec(Model):
+    """How the router places a request on one of its revision's replicas (`folio.operator.router.ring`)."""
+
+    strategy: Literal["PrefixHash", "LeastLoaded"] = Field(
+        default="PrefixHash",
+        description="PrefixHash: a consistent-hash ring over the request's prefix (or user / x-session-id) "
+        "with bounded loads, so repeated prefixes meet their KV cache; LeastLoaded: the least busy replica.",
+    )
+    prefix_char_length: int = Field(
+        default=100, ge=1, le=100_000,
+        description="Characters of the rendered chat prefix or the prompt that make the affinity key.",
+    )  # fmt: skip
+    mean_load_factor: float = Field(
+        default=1.25, ge=1.0, le=100.0,
+        description="A replica above this times the mean load passes a request on along the ring.",
+    )  # fmt: skip
 
 
 class RouterSpec(Model):
@@ -186,6 +215,12 @@ class RouterSpec(Model):
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    inference_pool: bool | None = Field(
+        default=None,
+        description="Also publish a Gateway API inference-extension InferencePool "
+        "(inference.networking.k8s.io/v1) over the engine pods; unset: the operator's default.",
+    )
 
 
 class CacheSpec(Model):
@@ -213,11 +248,59 @@ class AnalysisSpec(Model):
     max_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
     max_latency_p99_increase_ms: float = Field(default=50.0, ge=0.0)
     max_time_to_first_token_p95_ms: float = Field(default=2000.0, gt=0.0)
+    request_timeout: PositiveDuration = Field(
+        default="60s",
+        description="A canary attempt with no first byte within this long, or a stream that stalls longer, "
+        "is a timeout: the router retries it on stable when nothing was sent yet.",
+    )
+    max_timeout_rate: float = Field(
+        default=0.05, ge=0.0, le=1.0, description="Share of the canary's attempts that may time out."
+    )
+    min_shadow_match_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Least share of compared shadow answers matching the primary's (needs shadow.percent > 0).",
+    )
     prometheus: PrometheusSpec | None = None
 
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    @property
+    def request_timeout_seconds(self) -> float:
+        return parse_duration(self.request_timeout)
+
+
+class ConfigMapKeyRef(Model):
+    name: str = Field(min_length=1, max_length=253, description="ConfigMap in the InferenceService's namespace.")
+    key: str = Field(default="suite.jsonl", min_length=1, max_length=253, description="Key holding the JSONL suite.")
+
+
+MAX_PARITY_PROMPTS = 5000
+
+
+class ParitySpec(Model):
+    """The parity gate: before step 1 the canary answers a prompt suite as stable does, or is rolled back."""
+
+    prompts: int = Field(default=500, ge=1, le=MAX_PARITY_PROMPTS, description="The suite's first N prompts.")
+    max_tokens: int = Field(default=16, ge=1, le=256, description="Greedy tokens generated per prompt.")
+    min_cosine: float = Field(
+        default=0.9985, ge=-1.0, le=1.0, description="Least mean cosine similarity of mean prompt logits."
+    )
+    min_token_match: float = Field(
+        default=0.9, ge=0.0, le=1.0, description="Least share of prompts whose greedy continuation matches."
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="A team's own suite: JSONL of {\"prompt\": …} or {\"messages\": […]}."
+    )
+    suite_file: str | None = Field(
+        default=None, min_length=1, max_length=4096, description="`folio up` only: the suite as a JSONL file path."
+    )
+    timeout: Duration = Field(default="10m", pattern=DURATION_RE.pattern, description="The whole gate at most.")
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
 
 
 MAX_ROLLOUT_STEPS = 10  # bounded so the API server can cost the CRD's CEL rules
@@ -230,6 +313,7 @@ def _default_steps() -> list[RolloutStep]:
 class RolloutSpec(Model):
     steps: list[RolloutStep] = Field(default_factory=_default_steps, max_length=MAX_ROLLOUT_STEPS)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    parity: ParitySpec | None = None
     drain_period: Duration = Field(
         default="30s",
         pattern=DURATION_RE.pattern,
@@ -302,6 +386,19 @@ class AutoscalingSpec(Model):
         return parse_duration(self.hold_timeout)
 
 
+class NetworkPolicySpec(Model):
+    enabled: bool = Field(
+        default=True,
+        description="Render a NetworkPolicy that admits the engine pods' port only from this service's "
+        "routers, the operator and `metricsNamespaceLabels` (the engines have no authentication of their own).",
+    )
+    metrics_namespace_labels: dict[str, str] | None = Field(
+        default=None,
+        description="Also admit pods in namespaces with these labels (Prometheus scraping the engines' /metrics, "
+        "e.g. {kubernetes.io/metadata.name: monitoring}).",
+    )
+
+
 class InferenceServiceSpec(Model):
     model: ModelSource
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -314,6 +411,7 @@ class InferenceServiceSpec(Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     overflow: OverflowSpec | None = None
     shadow: ShadowSpec | None = None
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
 # --------------------------------------------------------------------------- status
@@ -354,8 +452,40 @@ class AnalysisSample(Lenient):
     latency_p99_ms: float | None = None
     stable_latency_p99_ms: float | None = None
     ttft_p95_ms: float | None = None
+    timeouts: int = 0
+    timeout_rate: float = 0.0
+    shadow_match_rate: float | None = None  # of the interval's compared shadow answers, when there were any
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
+
+
+class ParityPromptDiff(Lenient):
+    """One of the suite's worst prompts: how far the canary's answer is from stable's."""
+
+    index: int
+    prompt: str = ""  # truncated
+    cosine: float | None = None
+    prompt_tokens_differ: bool = False  # tokenizer or chat template changed
+    first_divergence: int | None = None  # first differing continuation token; None when they match
+    stable: str = ""  # stable's continuation (truncated)
+    canary: str = ""
+
+
+class ParityReport(Lenient):
+    """The parity gate's verdict on a canary, against the stable revision of the time."""
+
+    revision: str
+    stable_revision: str | None = None
+    at: str | None = None
+    verdict: Literal["Pass", "Fail", "Error"] = "Error"
+    prompts: int = 0
+    mean_cosine: float | None = None
+    min_cosine: float | None = None
+    token_match: float | None = None  # share of prompts whose continuation matches token for token
+    prompt_token_mismatches: int = 0  # prompts tokenized differently by the two revisions
+    seconds: float | None = None  # the gate's wall time
+    message: str = ""  # why it failed or could not run
+    worst: list[ParityPromptDiff] = Field(default_factory=list)
 
 
 class CanaryStatus(Lenient):
@@ -365,6 +495,7 @@ class CanaryStatus(Lenient):
     step_started_at: str | None = None
     consecutive_failures: int = 0
     last_analysis: AnalysisSample | None = None
+    parity: ParityReport | None = None
 
 
 class FailedRevision(Lenient):
@@ -373,6 +504,7 @@ class FailedRevision(Lenient):
     at: str
     message: str = ""
     last_analysis: AnalysisSample | None = None  # the figures that decided it, when an analysis did
+    parity: ParityReport | None = None  # the parity gate's report, when the gate decided it
 
 
 class RevisionStatus(Lenient):

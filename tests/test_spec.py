@@ -130,3 +130,14 @@ def test_names_folio_cannot_derive_children_from_are_refused(name: str) -> None:
 def test_names_up_to_the_limit_are_accepted() -> None:
     assert check_name("a" * 44) == "a" * 44
     assert check_name("chat-2") == "chat-2"
+
+
+def test_router_load_balancing_defaults_and_bounds() -> None:
+    from folio.operator.spec import RouterSpec
+
+    lb = RouterSpec().load_balancing
+    assert (lb.strategy, lb.prefix_char_length, lb.mean_load_factor) == ("PrefixHash", 100, 1.25)
+    assert RouterSpec().inference_pool is None  # the operator's default decides
+    for bad in ({"strategy": "Random"}, {"prefixCharLength": 0}, {"meanLoadFactor": 0.9}):
+        with pytest.raises(ValidationError):
+            RouterSpec.model_validate({"loadBalancing": bad})

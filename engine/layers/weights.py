@@ -9,6 +9,9 @@ parameter's data. Blocks without the method are filled parameter by parameter un
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -16,7 +19,24 @@ Index = tuple[int | slice, ...]
 CheckpointNames = dict[str, tuple[str, Index]]
 
 
+_deferred = False
+
+
+@contextmanager
+def deferred_params() -> Iterator[None]:
+    """Make `empty_param` parameters on the meta device: a tensor-parallel rank then allocates only its
+    shard of each (`folio.engine.distributed.sharding`), never the whole model on its device."""
+    global _deferred
+    before, _deferred = _deferred, True
+    try:
+        yield
+    finally:
+        _deferred = before
+
+
 def empty_param(*shape: int) -> nn.Parameter:
+    if _deferred:
+        return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 

@@ -7,7 +7,7 @@ A family subclasses `DecoderLM`, names the architectures it serves and builds it
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,11 +15,14 @@ from torch import nn
 
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext
-from folio.engine.layers.linear import ONEDNN, linear
+from folio.engine.layers.linear import ONEDNN, linear, pack_for_onednn
 from folio.engine.layers.moe import SparseMoE
 from folio.engine.layers.norm import RMSNorm
 from folio.engine.layers.rotary import RotaryEmbedding
 from folio.engine.layers.weights import Index, checkpoint_targets, empty_param, finish_loading
+
+if TYPE_CHECKING:
+    from folio.engine.distributed.sharding import VocabParallel
 
 # llama.cpp's tensor names inside a block → the Hugging Face names (Llama's layout)
 LLAMA_GGUF_NAMES = {
@@ -34,6 +37,9 @@ LLAMA_GGUF_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 
+# the decoder projections `linear` multiplies by (router weights of MoE layers included)
+_PROJECTIONS = frozenset({"qkv_weight", "o_weight", "gate_up_weight", "down_weight", "router_weight"})
+
 
 class DecoderLM(nn.Module):
     ARCHITECTURES: ClassVar[tuple[str, ...]] = ()  # `architectures` in config.json
@@ -42,6 +48,9 @@ class DecoderLM(nn.Module):
     GGUF_LAYER_NAMES: ClassVar[dict[str, str]] = LLAMA_GGUF_NAMES
     # Decode steps replay CUDA graphs unless a layer needs the host mid-step (MoE's expert counts do).
     supports_cuda_graphs: ClassVar[bool] = True
+    # Set on a tensor-parallel rank (`folio.engine.distributed.sharding`): this rank holds a slice of the
+    # vocabulary's rows of the embedding table and LM head.
+    vocab_parallel: VocabParallel | None = None
 
     def __init__(self, cfg: ModelConfig, max_position: int) -> None:
         super().__init__()
@@ -81,6 +90,11 @@ class DecoderLM(nn.Module):
         return window
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup_embeddings(input_ids)
+
+    def lookup_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.vocab_parallel is not None:
+            return self.vocab_parallel.embed(input_ids, self.embed_tokens)
         return F.embedding(input_ids, self.embed_tokens)
 
     # --- the forward pass -----------------------------------------------------------------------------
@@ -104,24 +118,33 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return linear(hidden, weight).float()
+        logits = linear(hidden, weight)
+        if self.vocab_parallel is not None:  # rank 0 gets every rank's columns, the others their own
+            logits = self.vocab_parallel.gather_logits(logits)
+        return logits.float()
 
     # --- device placement -----------------------------------------------------------------------------
 
     def store_weights_for_cpu_float32(self) -> None:
-        """Keep each projection's weight [out, in] column-major, i.e. as a contiguous [in, out] matrix
-        (per expert for stacked expert weights).
+        """Lay the float32 projection weights out for the CPU's fastest GEMM, once.
 
-        `F.linear` multiplies by the weight's transpose; when that transpose is contiguous, MKL's float32
-        GEMM reads it as is instead of re-laying-out the whole weight on every call, which at decode batch
-        sizes is a large share of the work (bench/cpu_paths.py: 1.03-1.25x per projection, bit-identical).
-        The embedding table stays row-major for its row lookups, and so does the LM head, which measured
-        no faster (a wide [vocab, hidden] matrix).
+        With oneDNN (`folio.engine.layers.linear`): each decoder projection and the LM head are prepacked
+        into oneDNN's blocked layout. The embedding table stays as is for its row lookups; stacked expert
+        weights stay row-major (indexed per expert).
 
-        Only where oneDNN is missing: float32 CPU projections go to oneDNN's matmul
-        (`folio.engine.layers.linear`), which is faster still and as fast on the row-major weights.
+        Without oneDNN, `F.linear` runs MKL's GEMM, which reads a contiguous transpose as is instead of
+        re-laying-out the whole weight on every call: each projection is kept column-major (1.03-1.25x per
+        projection at decode batch sizes, bit-identical).
         """
         if ONEDNN:
+            for module in self.layers.modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    if name in _PROJECTIONS and param.dim() == 2:
+                        setattr(module, name, nn.Parameter(pack_for_onednn(param), requires_grad=False))
+            # A head tied to the embedding gets a packed copy of its own (SmolLM2: 113 MiB; Gemma 3 270M:
+            # 640 MiB): the vocabulary-wide GEMM is the largest of a step, 1.2x faster at batch 64, 1.8x at 8.
+            head = self.embed_tokens if self.lm_head is None else self.lm_head
+            self.lm_head = nn.Parameter(pack_for_onednn(head), requires_grad=False)
             return
         for layer in self.layers:
             for param in layer.parameters():

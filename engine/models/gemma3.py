@@ -8,7 +8,6 @@ query_pre_attn_scalar^-1/2 instead of head_dim^-1/2.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from folio.engine.layers.context import AttentionContext
@@ -88,7 +87,7 @@ class Gemma3ForCausalLM(DecoderLM):
         return Gemma3DecoderLayer(cfg.hidden_size, cfg.rms_norm_eps, attn, mlp)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = self.lookup_embeddings(input_ids)
         # the scale is rounded to the model dtype first, as `transformers` does (sqrt(640) → 25.25 in bf16)
         return x * self.embed_scale.to(x.dtype)
 

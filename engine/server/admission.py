@@ -80,6 +80,9 @@ class ServerState:
         return self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate
 
 
+_ADMITTED = ("/v1/", "/folio/v1/")
+
+
 class AdmissionMiddleware:
     """Wraps the API routes (POST /v1/...); probes and metrics pass straight through."""
 
@@ -88,9 +91,11 @@ class AdmissionMiddleware:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(_ADMITTED):
             await self.app(scope, receive, send)
             return
+        # Folio's own endpoints (the parity gate's) drain like the API but take no injected fault
+        injects = scope["path"].startswith("/v1/")
         state = self.state
         if state.draining:
             err = unavailable("The server is shutting down; retry on another replica.", code="shutting_down")
@@ -98,9 +103,9 @@ class AdmissionMiddleware:
             return
         state.request_started()
         try:
-            if state.faults.latency_ms:
+            if injects and state.faults.latency_ms:
                 await asyncio.sleep(state.faults.latency_ms / 1000)
-            if state.fault():
+            if injects and state.fault():
                 err = OpenAIError(500, "Injected fault (--fault-error-rate).", code="fault_injected")
                 await err.response()(scope, receive, send)
                 return

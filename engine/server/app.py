@@ -18,6 +18,8 @@ from folio.engine.server.chat import create_chat_completion
 from folio.engine.server.completions import create_completion
 from folio.engine.server.errors import install_error_handlers
 from folio.engine.server.metrics import ServerMetrics
+from folio.engine.server.parity import PATH as PARITY_PATH
+from folio.engine.server.parity import ParityRequest, ParityResponse, create_parity
 from folio.engine.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -83,6 +85,11 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
     )
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await create_chat_completion(serving, body, raw)
+
+    @app.post(PARITY_PATH, response_model=ParityResponse, responses=_ERRORS)
+    async def parity(body: ParityRequest, raw: Request) -> Response:
+        """Folio's own: mean prompt logits and greedy continuations of a prompt suite (the parity gate)."""
+        return await create_parity(serving, body, raw)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:

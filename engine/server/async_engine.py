@@ -195,6 +195,12 @@ class AsyncEngine:
 
         self._submit(abort)
 
+    def fail_from_thread(self, exc: BaseException) -> None:
+        """From any thread: the engine cannot serve any more (e.g. a tensor-parallel rank died while the
+        engine thread waits): fail what is in flight as a dead engine loop does."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_dead, exc)
+
     def abort_all(self, reason: BaseException) -> None:
         for stream in set(self._streams.values()):
             stream.put(reason)

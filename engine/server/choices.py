@@ -10,13 +10,14 @@ time linear in its length.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel
 
-from folio.engine.outputs import RequestOutput
+from folio.engine.outputs import CompletionOutput, RequestOutput
 from folio.engine.server.async_engine import EngineRequest
 from folio.engine.server.protocol import Usage
 
@@ -40,6 +41,7 @@ class Piece:
     first: bool  # the choice's first piece
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # the prompt's, in the first piece when asked
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _Choice:
     num_chars: int = 0
     token_ids: list[int] = field(default_factory=list)  # not sent yet
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class Renderer(Protocol):
@@ -68,11 +71,13 @@ class Renderer(Protocol):
 
 class Choices:
     """The engine sequences of one request and the choices they answer: sequence k of prompt p is choice
-    ``p * n + k`` (as `OpenAIServing.sequences` numbers them)."""
+    ``p * n + k`` (as `OpenAIServing.sequences` numbers them). ``echo_only`` (a ``max_tokens: 0`` echo, run
+    with one token to get the prompt's logprobs) drops what the sequences generate."""
 
-    def __init__(self, seqs: list[EngineRequest], prompts: list[Prompt], n: int) -> None:
+    def __init__(self, seqs: list[EngineRequest], prompts: list[Prompt], n: int, echo_only: bool = False) -> None:
         self._choices = {s.request_id: _Choice(i, prompts[i // n]) for i, s in enumerate(seqs)}
         self.num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        self.echo_only = echo_only
 
     @property
     def usage(self) -> Usage:
@@ -86,7 +91,9 @@ class Choices:
     def stream(self, out: RequestOutput, renderer: Renderer) -> Iterator[BaseModel]:
         """The chunks one step output of a sequence makes."""
         choice = self._choices[out.request_id]
-        c = out.outputs[0]
+        c = self._generated(out)
+        if out.prompt_logprobs is not None:
+            choice.prompt_logprobs = out.prompt_logprobs
         if not choice.opened:
             choice.opened = True
             yield from renderer.opening(choice.index)
@@ -106,6 +113,7 @@ class Choices:
             first=choice.num_pieces == 0,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,
+            prompt_logprobs=choice.prompt_logprobs if choice.num_pieces == 0 else None,
         )
         choice.num_pieces += 1
         choice.num_chars += len(c.text)
@@ -116,7 +124,7 @@ class Choices:
         """One piece per choice holding its whole answer (``finals``: each sequence's merged output)."""
         pieces = []
         for rid, choice in self._choices.items():
-            c = finals[rid].outputs[0]
+            c = self._generated(finals[rid])
             choice.num_tokens = len(c.token_ids)
             pieces.append(
                 Piece(
@@ -129,6 +137,13 @@ class Choices:
                     first=True,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
+                    prompt_logprobs=finals[rid].prompt_logprobs,
                 )
             )
         return pieces
+
+    def _generated(self, out: RequestOutput) -> CompletionOutput:
+        c = out.outputs[0]
+        if not self.echo_only:
+            return c
+        return dataclasses.replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from folio.engine.server.choices import Choices, Piece, Prompt
 from folio.engine.server.errors import bad_request
-from folio.engine.server.logprobs import completion_logprobs
+from folio.engine.server.logprobs import completion_logprobs, joined, prompt_logprobs
 from folio.engine.server.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -51,21 +51,24 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
         raise bad_request("suffix is not supported.", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of must equal n (no server-side ranking).", param="best_of")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported.", param="echo")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens 0 is only allowed with echo (the prompt's logprobs).", param="max_tokens")
     num_prompts = 1 if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) else len(req.prompt)
     serving.check_sequences(num_prompts * req.n)  # before the cost of tokenizing
     prompts = await serving.off_loop(_prompts, serving, req.prompt)
+    echo_only = req.max_tokens == 0  # the engine samples one token, which the answer leaves out
     budgets = [
         serving.max_tokens(
-            req.max_tokens, DEFAULT_MAX_TOKENS, len(p.token_ids), param="max_tokens", prompt_param="prompt"
+            1 if echo_only else req.max_tokens, DEFAULT_MAX_TOKENS, len(p.token_ids),
+            param="max_tokens", prompt_param="prompt",
         )
         for p in prompts
     ]
     request_id = new_id("cmpl")
-    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs)
+    prompt_logprobs = req.logprobs if req.echo else None
+    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs)
     renderer = CompletionRenderer(request_id, serving.config.served_model_name, serving.tokenizer, req)
-    return await serving.respond(raw, req, seqs, Choices(seqs, prompts, req.n), renderer)
+    return await serving.respond(raw, req, seqs, Choices(seqs, prompts, req.n, echo_only), renderer)
 
 
 class CompletionRenderer:
@@ -76,18 +79,25 @@ class CompletionRenderer:
         self.echo, self.top_k = req.echo, req.logprobs
         self.created = int(time.time())
 
+    def _prompt_text(self, prompt: Prompt) -> str:
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+
     def _text(self, piece: Piece) -> str:
         if not (self.echo and piece.first):
             return piece.text
-        prompt = piece.prompt
-        return (prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)) + piece.text
+        return self._prompt_text(piece.prompt) + piece.text
 
     def _choice(self, piece: Piece) -> CompletionChoice:
         logprobs = None
         if self.top_k is not None and piece.logprobs is not None:
+            # with echo, the choice's text starts with the prompt: the completion's offsets come after it
+            shift = len(self._prompt_text(piece.prompt)) if self.echo else 0
             logprobs = completion_logprobs(
-                self.tokenizer, piece.token_ids, piece.logprobs, self.top_k, piece.text_offset
+                self.tokenizer, piece.token_ids, piece.logprobs, self.top_k, piece.text_offset + shift
             )
+            if self.echo and piece.first and piece.prompt_logprobs is not None:
+                head = prompt_logprobs(self.tokenizer, piece.prompt.token_ids, piece.prompt_logprobs, self.top_k)
+                logprobs = joined(head, logprobs)
         return CompletionChoice(
             index=piece.index,
             text=self._text(piece),

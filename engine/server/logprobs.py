@@ -31,6 +31,34 @@ def completion_logprobs(
     return out
 
 
+def prompt_logprobs(
+    tokenizer: Any, token_ids: list[int], entries: list[dict[int, float] | None], k: int
+) -> CompletionLogprobs:
+    """The echoed prompt's part of the legacy shape: its first token has ``null`` logprobs (nothing
+    predicts it), as in OpenAI's and vLLM's answers."""
+    out = CompletionLogprobs()
+    offset = 0
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        token = _token(tokenizer, token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(None if entry is None else entry.get(token_id))
+        out.top_logprobs.append(
+            {_token(tokenizer, t): lp for t, lp in _top(entry, k)} if k and entry is not None else None
+        )
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+def joined(head: CompletionLogprobs, tail: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=head.tokens + tail.tokens,
+        token_logprobs=head.token_logprobs + tail.token_logprobs,
+        top_logprobs=head.top_logprobs + tail.top_logprobs,
+        text_offset=head.text_offset + tail.text_offset,
+    )
+
+
 def chat_logprobs(
     tokenizer: Any, token_ids: list[int], entries: list[dict[int, float]], k: int
 ) -> ChatLogprobs:

@@ -72,7 +72,10 @@ class CompletionRequest(SamplingRequest):
         ..., description="A string, a list of strings, a list of token ids or a list of such lists."
     )
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="Prepend the prompt to each choice's text.")
+    echo: bool = Field(
+        False, description="Prepend the prompt to each choice's text (and, with logprobs, the prompt's logprobs)."
+    )
+    max_tokens: int | None = Field(None, ge=0, le=INT64_MAX, description="0 is allowed with echo.")
     best_of: int | None = Field(None, ge=1, le=INT64_MAX, description="Only best_of == n is supported.")
     suffix: str | None = Field(None, description="Not supported: must be empty.")
 

@@ -149,18 +149,23 @@ class OpenAIServing:
         req: SamplingRequest,
         max_tokens: list[int],
         logprobs: int | None,
+        prompt_logprobs: int | None = None,
     ) -> list[EngineRequest]:
         """n sequences per prompt; choice index = prompt index * n + k, seed + k when seeded."""
         seqs: list[EngineRequest] = []
         for p, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
             for k in range(req.n):
-                params = self._params(req, seed=offset_seed(req.seed, k), max_tokens=budget, logprobs=logprobs)
+                params = self._params(
+                    req, seed=offset_seed(req.seed, k), max_tokens=budget, logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                )
                 seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params, request_id))
         return seqs
 
     @staticmethod
     def _params(
-        req: SamplingRequest, *, seed: int | None, max_tokens: int, logprobs: int | None
+        req: SamplingRequest, *, seed: int | None, max_tokens: int, logprobs: int | None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         try:
             return SamplingParams(
@@ -177,6 +182,7 @@ class OpenAIServing:
                 max_tokens=max_tokens,
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
             )

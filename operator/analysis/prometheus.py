@@ -28,9 +28,11 @@ def promql_queries(isvc: str, canary: str, stable: str | None, window: str) -> d
         return f"histogram_quantile({q}, sum by (le) (increase({metric}_bucket{sel(rev)}[{window}])))"
 
     errors = f',{m.CODE}=~"5..|error"'
+    timeouts = f',{m.CODE}="{m.TIMEOUT}"'
     queries = {
         "requests": f"sum(increase({m.REQUESTS}{sel(canary)}[{window}]))",
         "errors": f"sum(increase({m.REQUESTS}{sel(canary, errors)}[{window}]))",
+        "timeouts": f"sum(increase({m.REQUESTS}{sel(canary, timeouts)}[{window}]))",
         "latency_p99": p(0.99, m.DURATION, canary),
         "ttft_p95": p(0.95, m.TTFT, canary),
     }
@@ -70,6 +72,7 @@ async def prometheus_figures(
         latency_p99_ms=ms(values["latency_p99"]),
         stable_latency_p99_ms=ms(values.get("stable_latency_p99")),
         ttft_p95_ms=ms(values["ttft_p95"]),
+        timeouts=values["timeouts"] or 0.0,
     )
 
 

@@ -1,8 +1,12 @@
 """When to take an analysis sample, and from which source: the same for the operator and `folio up`.
 
-One sample per ``analysis.interval``, on the caller's clock. Routers are scraped every interval
-even while no canary takes traffic, so that a canary's first interval already has a baseline and
-yields a real sample rather than an inconclusive one. Where the routers are is the caller's
+One sample per ``analysis.interval``, on the caller's clock, at deadlines a whole interval apart
+(a late pass does not push the next sample later), restarted when a canary starts taking traffic
+(`restart`): its k-th sample is due k intervals after that, so ``failureLimit`` failing samples
+roll it back ``failureLimit × interval`` after it took traffic. The caller wakes up at the
+deadline (`until_due`). Routers are scraped every interval even while no canary takes traffic, so
+that a canary's first interval already has a baseline and yields a real sample rather than an
+inconclusive one. Where the routers are is the caller's
 business: the operator finds its router pods, `folio up` has one router on a known port.
 """
 
@@ -22,16 +26,42 @@ class IntervalSampler:
     def __init__(self, isvc: str) -> None:
         self.isvc = isvc
         self.scrapes = RouterScrapes(isvc)
-        self._last: datetime | None = None  # when the current interval began
+        self._next: datetime | None = None  # when the next sample is due
+        self._canary: str | None = None  # the serving canary the deadlines count from
 
     def due(self, spec: AnalysisSpec, now: datetime) -> bool:
-        """True once per interval; a True answer starts the next interval (a clock set back starts one too)."""
+        """True once per interval; a True answer sets the next deadline one interval after this one
+        (after ``now`` when more than an interval late; a clock set back starts afresh)."""
         now = as_utc(now)
-        last = self._last
-        if last is not None and last <= now < last + timedelta(seconds=spec.interval_seconds):
+        interval = timedelta(seconds=spec.interval_seconds)
+        deadline = self._next
+        if deadline is not None and deadline - interval <= now < deadline:
             return False
-        self._last = now
+        following = deadline + interval if deadline is not None else now + interval
+        self._next = following if now < following <= now + interval else now + interval
         return True
+
+    def restart(self, spec: AnalysisSpec, status: InferenceServiceStatus, now: datetime) -> None:
+        """Call after each decision: a canary that has just started taking traffic gets its first
+        sample one whole interval from ``now``."""
+        canary = status.serving_canary
+        if canary is not None and canary != self._canary:
+            self._next = as_utc(now) + timedelta(seconds=spec.interval_seconds)
+        self._canary = canary
+
+    def requeue(self, requeue_after: float | None, status: InferenceServiceStatus, now: datetime) -> float | None:
+        """When to look again: the decision's ``requeue_after``, or sooner when a serving canary's next
+        sample is due."""
+        due = self.until_due(now) if status.serving_canary is not None else None
+        if due is None:
+            return requeue_after
+        return due if requeue_after is None else min(requeue_after, due)
+
+    def until_due(self, now: datetime) -> float | None:
+        """Seconds until the next sample is due (0 when overdue); None before the first."""
+        if self._next is None:
+            return None
+        return max(0.0, (self._next - as_utc(now)).total_seconds())
 
     async def take(
         self,

@@ -1,7 +1,8 @@
 """The canary verdict: decided here, from one interval's figures and the spec's thresholds.
 
 Fewer than ``minRequests`` canary requests is *Inconclusive* (never a pass); otherwise *Fail* when
-any threshold is exceeded (error rate, p99 latency above stable's, TTFT p95), else *Pass*. The
+any threshold is exceeded (error rate, timeout rate, p99 latency above stable's, TTFT p95), else
+*Pass*. Timeouts (the router's ``code="timeout"``) are not errors: they have their own limit. The
 reasons say which figure broke which limit; they end up in status and in Events.
 """
 
@@ -18,6 +19,8 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
     """The verdict on one interval, with the figures and the reasons behind it."""
     requests, errors = round(figures.requests), round(figures.errors)
     rate = errors / requests if requests else 0.0
+    timeouts = round(figures.timeouts)
+    timeout_rate = timeouts / requests if requests else 0.0
     reasons: list[str] = list(notes)
     if requests < spec.min_requests:
         verdict = "Inconclusive"
@@ -27,6 +30,11 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         if rate > spec.max_error_rate:
             failures.append(
                 f"error rate {rate:.2%} ({errors}/{requests}) exceeds maxErrorRate {spec.max_error_rate:.2%}"
+            )
+        if timeout_rate > spec.max_timeout_rate:
+            failures.append(
+                f"timeout rate {timeout_rate:.2%} ({timeouts}/{requests}) exceeds maxTimeoutRate "
+                f"{spec.max_timeout_rate:.2%} (requestTimeout {spec.request_timeout})"
             )
         p99, stable_p99 = figures.latency_p99_ms, figures.stable_latency_p99_ms
         if p99 is not None and stable_p99 is not None:
@@ -42,8 +50,14 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
                 f"TTFT p95 {ttft:.0f} ms exceeds maxTimeToFirstTokenP95Ms "
                 f"{spec.max_time_to_first_token_p95_ms:g}"
             )
+        share = shadow_match_rate(figures)
+        if spec.min_shadow_match_rate is not None and share is not None and share < spec.min_shadow_match_rate:
+            failures.append(
+                f"shadow match rate {share:.2%} ({round(figures.shadow_matches)}/{round(figures.shadow_compared)}) "
+                f"is below minShadowMatchRate {spec.min_shadow_match_rate:.2%}"
+            )
         verdict = "Fail" if failures else "Pass"
-        reasons += failures or ["error rate, latency and time to first token within limits"]
+        reasons += failures or ["error rate, timeout rate, latency and time to first token within limits"]
     return AnalysisSample(
         at=now_iso(as_utc(now)),
         requests=requests,
@@ -52,6 +66,16 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         latency_p99_ms=figures.latency_p99_ms,
         stable_latency_p99_ms=figures.stable_latency_p99_ms,
         ttft_p95_ms=figures.ttft_p95_ms,
+        timeouts=timeouts,
+        timeout_rate=timeout_rate,
+        shadow_match_rate=shadow_match_rate(figures),
         verdict=verdict,
         reasons=reasons,
     )
+
+
+def shadow_match_rate(figures: Figures) -> float | None:
+    """The share of compared shadow answers that matched; None when none was compared."""
+    if figures.shadow_compared < 1:
+        return None
+    return figures.shadow_matches / figures.shadow_compared

@@ -26,6 +26,7 @@ class RevisionWindow:
     codes: dict[str, float] = field(default_factory=dict)
     duration: Buckets = field(default_factory=dict)
     ttft: Buckets = field(default_factory=dict)
+    shadow: dict[str, float] = field(default_factory=dict)  # shadow comparisons by result (match, …)
 
     @property
     def requests(self) -> float:
@@ -34,6 +35,10 @@ class RevisionWindow:
     @property
     def errors(self) -> float:
         return sum(n for code, n in self.codes.items() if m.is_error(code))
+
+    @property
+    def timeouts(self) -> float:
+        return self.codes.get(m.TIMEOUT, 0.0)
 
 
 Snapshot = dict[str, RevisionWindow]  # revision -> counters
@@ -55,11 +60,14 @@ def parse_router_metrics(text: str, isvc: str) -> Snapshot:
                 rev.duration[float(labels["le"])] = s.value
             elif s.name == f"{m.TTFT}_bucket":
                 rev.ttft[float(labels["le"])] = s.value
+            elif s.name == m.SHADOW_COMPARISONS:
+                result = labels.get(m.RESULT, "")
+                rev.shadow[result] = rev.shadow.get(result, 0.0) + s.value
     return dict(snap)
 
 
-def _parts(w: RevisionWindow) -> tuple[dict, dict, dict]:
-    return w.codes, w.duration, w.ttft
+def _parts(w: RevisionWindow) -> tuple[dict, dict, dict, dict]:
+    return w.codes, w.duration, w.ttft, w.shadow
 
 
 def _went_down(current: Snapshot, previous: Snapshot) -> bool:
@@ -137,6 +145,9 @@ class Figures:
     latency_p99_ms: float | None
     stable_latency_p99_ms: float | None
     ttft_p95_ms: float | None
+    timeouts: float = 0.0
+    shadow_matches: float = 0.0  # mirrored requests whose canary answer matched the primary's
+    shadow_compared: float = 0.0  # of all compared (match, mismatch, error)
 
 
 NO_FIGURES = Figures(0.0, 0.0, None, None, None)
@@ -151,6 +162,9 @@ def figures_from_windows(window: Snapshot, canary: str, stable: str | None) -> F
         latency_p99_ms=ms(histogram_quantile(0.99, c.duration)),
         stable_latency_p99_ms=ms(histogram_quantile(0.99, s.duration)),
         ttft_p95_ms=ms(histogram_quantile(0.95, c.ttft)),
+        timeouts=c.timeouts,
+        shadow_matches=c.shadow.get("match", 0.0),
+        shadow_compared=sum(c.shadow.values()),
     )
 
 

@@ -5,7 +5,11 @@ Runs in every reconcile pass of an InferenceService with ``spec.autoscaling`` (a
 serving plan that follows takes its replica counts from the new ``status.autoscaling``. The load
 comes from every router pod's `/metrics` (in flight, held, requests counted) and, for Waiting and
 KVCache, from every ready engine pod's; ready and starting replicas from the engine pods the
-indexes hold. A pass asks to run again every `INTERVAL_S` while autoscaling is on.
+indexes hold. A pass asks to run again every `INTERVAL_S` while autoscaling is on, and every
+`AT_ZERO_S` while the service is at zero replicas: then a router holding requests is waiting for
+this look (its held-requests gauge is its ask for a scale up; routers hold no write permission on
+the API, so they cannot annotate their InferenceService themselves). The `folio.dev/scale-up`
+annotation, set by anyone who may patch the InferenceService, wakes it at once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from folio.operator.serving.plan import RUNNING_ROLES
 from folio.operator.spec import SCALE_UP_ANNOTATION, InferenceServiceSpec, InferenceServiceStatus
 
 INTERVAL_S = 5.0
+AT_ZERO_S = 1.0  # one scrape of the routers' /metrics per second per service at zero
 SCRAPE_TIMEOUT_S = 3.0
 
 
@@ -42,6 +47,11 @@ async def autoscale(meter: LoadMeter, spec: InferenceServiceSpec, status: Infere
                       asked=SCALE_UP_ANNOTATION in annotations)
     previous = status.autoscaling if status.autoscaling is not None and not status.autoscaling.keda else None
     return decide(auto, previous, load)
+
+
+def interval(decision: Decision) -> float:
+    """Seconds until the next look: sooner at zero, where held requests wait for it."""
+    return AT_ZERO_S if decision.status.desired_replicas == 0 else INTERVAL_S
 
 
 def engine_pods(children: Children, isvc: str, status: InferenceServiceStatus) -> tuple[int, int, list[Obj]]:

@@ -28,12 +28,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"],
                         help="access mode of the weights cache PVCs (default ReadWriteMany, which engines "
                         "on several nodes need; ReadWriteOnce suits a one-node cluster)")
+    parser.add_argument("--router-cluster-role", default=os.environ.get("FOLIO_ROUTER_CLUSTER_ROLE", "folio-router"),
+                        help="the ClusterRole each router's RoleBinding refers to (the chart creates it; "
+                        "default: $FOLIO_ROUTER_CLUSTER_ROLE or folio-router)")
+    parser.add_argument("--operator-pod-labels", default=os.environ.get("FOLIO_OPERATOR_POD_LABELS", ""),
+                        metavar="K=V,...", help="labels of the operator's own pods, which the engines' "
+                        "NetworkPolicies admit (with $POD_NAMESPACE; the chart sets both)")
     parser.add_argument("--peering", default="folio",
                         help="kopf peering name, so replicas run one at a time ('' to run standalone)")
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority of this replica (default: random, so replicas of one "
                         "Deployment never tie; kopf pauses every peer of equal priority)")
+    parser.add_argument("--inference-pool", action=argparse.BooleanOptionalAction, default=False,
+                        help="publish a Gateway API InferencePool for InferenceServices that leave "
+                        "spec.router.inferencePool unset (default: no)")
+    parser.add_argument("--endpoint-picker-port", type=int, default=9002, metavar="PORT",
+                        help="port of each InferencePool's endpoint picker Service {name}-epp (0: no endpointPickerRef)")
     parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` as sorted pairs; raises ValueError on an item without ``=``."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--operator-pod-labels: expected KEY=VALUE, got {item!r}")
+        pairs.append((key, value))
+    return tuple(sorted(pairs))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,8 +81,17 @@ def main(args: argparse.Namespace) -> int:
     except (kubernetes.config.ConfigException, OSError) as exc:
         print(f"folio operator: no Kubernetes credentials (in-cluster or kubeconfig): {exc}", file=sys.stderr)
         return 2
+    try:
+        operator_labels = parse_labels(args.operator_pod_labels)
+    except ValueError as exc:
+        print(f"folio operator: {exc}", file=sys.stderr)
+        return 2
     plan_settings = PlanSettings(image=args.image,
-                                 cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]))
+                                 cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]),
+                                 router_cluster_role=args.router_cluster_role,
+                                 operator_namespace=os.environ.get("POD_NAMESPACE") or None,
+                                 operator_labels=operator_labels,
+                                 inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port)
     ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds)
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -19,7 +19,8 @@ from folio.operator.k8s.client import ApiError, Kube
 log = logging.getLogger(__name__)
 
 # Kinds whose spec cannot change after creation: a changed one is replaced instead.
-IMMUTABLE_KINDS = frozenset({"Job"})
+# (A RoleBinding's roleRef: one made by an older operator pointed at a Role of its own.)
+IMMUTABLE_KINDS = frozenset({"Job", "RoleBinding"})
 ATTEMPTS = 3
 
 

@@ -23,17 +23,18 @@ import httpx
 import kopf
 import pydantic
 
+from folio.operator.analysis.parity_run import GateRunner, poll_gate
+from folio.operator.analysis.parity_sources import cluster_suite
 from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.autoscaling.load import LoadMeter
 from folio.operator.controller import metrics
-from folio.operator.controller.autoscale import INTERVAL_S as AUTOSCALE_S
-from folio.operator.controller.autoscale import autoscale
+from folio.operator.controller.autoscale import autoscale, interval
 from folio.operator.controller.children import Children, Expectations
 from folio.operator.controller.executor import apply_plan
 from folio.operator.controller.observe import observe, router_metrics_urls
 from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.merge_patch import merge_diff
-from folio.operator.k8s.names import component_labels
+from folio.operator.k8s.names import ENGINE_PORT, component_labels, engine_name
 from folio.operator.rollout import advance
 from folio.operator.rollout.conditions import invalid_spec
 from folio.operator.serving.errors import PlanningError
@@ -81,6 +82,11 @@ class Schedule:
         return resync_s, "timer"
 
 
+def service_url(namespace: str, isvc: str, revision: str) -> str:
+    """A revision's engine Service (headless: the name resolves to its ready pods)."""
+    return f"http://{engine_name(isvc, revision)}.{namespace}.svc:{ENGINE_PORT}"
+
+
 @dataclass
 class Context:
     """What every handler needs; kopf hands it over as `memo.ctx` (one for the whole operator)."""
@@ -90,6 +96,9 @@ class Context:
     resync_s: float = 10.0
     # Every InferenceService's schedule, so that an event on a child can poke its owner's clock.
     schedules: dict[tuple[str, str], Schedule] = field(default_factory=dict)
+    # (namespace, isvc, revision) -> a replica's base URL, for the parity gate: the revision's Service
+    replica_url: Callable[[str, str, str], str] = field(default=service_url)
+
 
     def schedule(self, namespace: str, name: str) -> Schedule:
         return self.schedules.setdefault((namespace, name), Schedule())
@@ -162,13 +171,22 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
             sample = await sampler.take(client, routers, status=status, spec=spec.rollout.analysis, now=now)
         if sample is not None:
             observed = dataclasses.replace(observed, analysis=sample)
+    if spec.rollout.parity is not None or "parity" in memo:  # the gate runs in the background, across passes
+        report = poll_gate(
+            memo_part(memo, "parity", GateRunner), None, spec, status, now,
+            urls=lambda rev: [ctx.replica_url(isvc.namespace, isvc.name, rev)],
+            load_suite=cluster_suite(spec.rollout.parity, isvc.namespace,  # type: ignore[arg-type]
+                                     lambda *where: call(ctx.kube.get, *where)),
+        )
+        if report is not None:
+            observed = dataclasses.replace(observed, parity=report)
     decision = advance(spec, isvc.generation, status, observed)
     if spec.autoscaling is not None and not spec.autoscaling.keda:
         meter = memo_part(memo, "load_meter", lambda: LoadMeter(isvc.name))
         scaled = await autoscale(meter, spec, decision.status, children, isvc.annotations, now)
         decision.status.autoscaling = scaled.status
         decision.events += [scaled.event] if scaled.event else []
-        decision.requeue_after = min(x for x in (decision.requeue_after, scaled.requeue_after, AUTOSCALE_S) if x)
+        decision.requeue_after = min(x for x in (decision.requeue_after, scaled.requeue_after, interval(scaled)) if x)
     elif spec.autoscaling is not None:  # KEDA scales: say so rather than keep a stale decision
         decision.status.autoscaling = AutoscalingStatus(metric=spec.autoscaling.metric, keda=True,
                                                         reason="scaled by KEDA: a ScaledObject per revision")
@@ -192,7 +210,9 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         logger.log(logging.INFO if event.type == "Normal" else logging.WARNING, "%s: %s", event.reason, event.message)
-    schedule.after(decision.requeue_after)
+    ended = datetime.now(timezone.utc)
+    sampler.restart(spec.rollout.analysis, decision.status, ended)  # a canary's samples count from its traffic
+    schedule.after(sampler.requeue(decision.requeue_after, decision.status, ended))
     return "ok"
 
 

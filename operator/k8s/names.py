@@ -37,11 +37,14 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     ("v1", "Secret"): "secrets",
+    ("v1", "ConfigMap"): "configmaps",  # read only: a parity gate's prompt suite
     ("batch/v1", "Job"): "jobs",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
     (API_VERSION, KIND): PLURAL,
 }
@@ -53,13 +56,19 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "PersistentVolumeClaim"),
     ("batch/v1", "Job"),
     ("policy/v1", "PodDisruptionBudget"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),  # opt-in; kopf skips it where its CRD is absent
     # Without KEDA in the cluster kopf logs that it cannot watch these, and there are none to prune.
     ("keda.sh/v1alpha1", "ScaledObject"),
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Where the router's pod mounts the overflow API key from `spec.overflow.apiKeySecretRef`.
+OVERFLOW_KEY_DIR = "/var/run/secrets/folio.dev/overflow"
+OVERFLOW_KEY_FILE = Path(OVERFLOW_KEY_DIR) / "api-key"
+# The ClusterRole the chart creates for every router; the operator only binds it (RoleBinding per service).
+ROUTER_CLUSTER_ROLE = "folio-router"
 
 
 # ----------------------------------------------------------------------------- labels
@@ -117,7 +126,7 @@ def router_name(isvc: str) -> str:
 
 
 def router_account_name(isvc: str) -> str:
-    """The router's ServiceAccount, Role and RoleBinding."""
+    """The router's ServiceAccount and RoleBinding."""
     return f"{isvc}-router"
 
 

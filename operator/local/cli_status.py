@@ -11,6 +11,7 @@ from folio.operator.local.target import add_target_arguments
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, name_required=False)
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+    parser.add_argument("--parity", action="store_true", help="the parity gate's report (with -o json: the report)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,6 +41,17 @@ def main(args: argparse.Namespace) -> int:
     except (ControlError, ClusterError) as exc:
         return fail("status", str(exc))
 
+    if args.parity:
+        from folio.operator.local.render_parity import latest_report, parity_table
+
+        for name, status, _ in items:
+            st = InferenceServiceStatus.model_validate(status)
+            if args.output == "json":
+                report = latest_report(st)
+                print(json.dumps(report.to_wire() if report else None, indent=2, sort_keys=True))
+            else:
+                console.print(parity_table(name, st))
+        return 0
     if args.output == "json":
         doc = items[0][1] if args.name or target.client is not None else {n: s for n, s, _ in items}
         print(json.dumps(doc, indent=2, sort_keys=True))

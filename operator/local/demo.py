@@ -5,8 +5,11 @@
 2. under a steady load, a revision started with ``--fault-error-rate 0.3`` is applied and rolled
    back automatically: the step it reached, the error rate measured, the time from the first
    failing analysis to 100% stable and the client requests that failed (target: zero);
-3. a healthy revision (different engine args) is applied and promoted through every step;
-4. a summary table; `folio up` is stopped with SIGINT and no process is left.
+3. a revision started with ``--fault-logit-noise 1.0`` fails no request (the error-rate analysis
+   alone would promote it) and is stopped by the parity gate before it takes any traffic; its
+   parity report is printed;
+4. a healthy revision (different engine args) passes the gate and is promoted through every step;
+5. a summary table; `folio up` is stopped with SIGINT and no process is left.
 
 Exit code 0 when all of that happened as it should. Intervals are short (stated in the manifest)
 so the whole run takes a few minutes on a laptop CPU.
@@ -52,6 +55,8 @@ ROLLOUT = {
         "maxTimeToFirstTokenP95Ms": 30000,
     },
     "drainPeriod": "5s",
+    # every canary answers the first 40 prompts of the default suite as stable does before step 1
+    "parity": {"prompts": 40, "maxTokens": 8},
 }
 BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8}
 
@@ -93,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             args={**BASE_ARGS, **(extra or {})}, rollout=ROLLOUT,
         )  # fmt: skip
 
-    v1, faulty, healthy = (
+    v1, faulty, noisy, healthy = (
         manifest("v1"),
         manifest("v2-faulty", {"faultErrorRate": 0.3}),
-        manifest("v3", {"maxNumSeqs": 16}),
+        manifest("v3-noisy", {"faultLogitNoise": 1.0}),
+        manifest("v4", {"maxNumSeqs": 16}),
     )
     heading("Folio demo")
     say(f"model: {gguf.name} pinned to {digest}")
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     up = UpProcess(v1, port=port, state_dir=work / ".folio", log=work / "up.log")
     results: dict[str, Any] = {}
     try:
-        ok = _run(up, faulty, healthy, results)
+        ok = _run(up, faulty, noisy, healthy, results)
     except (TimeoutError, RuntimeError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")
         ok = False
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[yellow]interrupted[/]")
         ok = False
     finally:
-        heading("4. Stopping")
+        heading("5. Stopping")
         say("SIGINT to folio up: it drains the router, then every engine")
         code = up.stop()
         say(f"folio up exited with {code}; no process left behind")
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok and code == 0 else 1
 
 
-def _run(up: UpProcess, faulty: Path, healthy: Path, results: dict[str, Any]) -> bool:
+def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, results: dict[str, Any]) -> bool:
     heading("1. Serving SmolLM2 through the router")
     t0 = time.monotonic()
     snap = up.wait_for(lambda s: s["status"].get("phase") == "Ready", 300, "the first revision serving")
@@ -144,9 +150,16 @@ def _run(up: UpProcess, faulty: Path, healthy: Path, results: dict[str, Any]) ->
     with LoadGenerator(up.router_url, NAME, concurrency=4, max_tokens=4) as load:
         heading("2. A faulty revision (--fault-error-rate 0.3) under steady load")
         results["faulty"] = _rollout(up, load, faulty, expect="rollback")
-        heading("3. A healthy revision (maxNumSeqs 8 → 16)")
+        heading("3. A revision that answers differently (--fault-logit-noise 1.0) and fails no request")
+        say("error-rate analysis alone would promote it; the parity gate compares it with stable before step 1")
+        results["noisy"] = _rollout(up, load, noisy, expect="rollback")
+        from folio.operator.local.render_parity import parity_table
+        from folio.operator.spec import InferenceServiceStatus
+
+        console.print(parity_table(NAME, InferenceServiceStatus.model_validate(up.status()["status"])))
+        heading("4. A healthy revision (maxNumSeqs 8 → 16)")
         results["healthy"] = _rollout(up, load, healthy, expect="promote")
-    return results["faulty"]["ok"] and results["healthy"]["ok"]
+    return all(r["ok"] for r in results.values())
 
 
 def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str) -> dict[str, Any]:
@@ -235,7 +248,8 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
 
 def _summary(results: dict[str, Any]) -> None:
     heading("Summary")
-    labels = {"faulty": "faulty (--fault-error-rate 0.3)", "healthy": "healthy (maxNumSeqs 8 → 16)"}
+    labels = {"faulty": "faulty (--fault-error-rate 0.3)", "noisy": "noisy (--fault-logit-noise 1.0)",
+              "healthy": "healthy (maxNumSeqs 8 → 16)"}
     table = Table()
     table.add_column("")
     for key, r in results.items():

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import httpx
 from rich.console import Console
 
+from folio.operator.analysis.parity_run import GateRunner, poll_gate
+from folio.operator.analysis.parity_sources import local_suite
 from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.local.autoscale import LocalAutoscaler
 from folio.operator.local.render import status_table
@@ -78,6 +80,7 @@ class LocalRuntime:
         self.console = console or Console(stderr=True)
         self.supervisor = supervisor or Supervisor(state_dir.logs_dir, on_event=self._process_event)
         self.analysis = IntervalSampler(self.name)
+        self.parity = GateRunner()  # the parity gate in flight, if any
         self._http = httpx.AsyncClient(trust_env=False)
         self.autoscaler = LocalAutoscaler(self.name, self.router_url, self._http)
         self.weights: dict[str, Weights] = {}  # by revision (the same weights are hard-linked, not pulled again)
@@ -170,8 +173,9 @@ class LocalRuntime:
             await self.step()
             self._wake.clear()
             # a tick, or sooner when an apply, an override or a finished pre-pull asks for it
+            wait = self.analysis.requeue(TICK_S, self.saved.status, datetime.now(timezone.utc))
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                await asyncio.wait_for(self._wake.wait(), wait)
 
     async def step(self) -> None:
         """One observe → decide → act round."""
@@ -182,14 +186,19 @@ class LocalRuntime:
         if self.analysis.due(self.spec.rollout.analysis, now):
             sample = await self.analysis.take(self._http, [f"{self.router_url}/metrics"], status=status,
                                               spec=self.spec.rollout.analysis, now=now)
+        gate = self.spec.rollout.parity  # poll_gate starts nothing without one
+        parity = poll_gate(self.parity, self._http, self.spec, status, now, urls=self.supervisor.endpoints,
+                           load_suite=lambda: local_suite(gate))  # type: ignore[arg-type]
         observed = Observed(
             now=now,
             revisions={rev.name: self._facts(rev) for rev in status.revisions},
             analysis=sample,
+            parity=parity,
             overrides=frozenset(self.saved.overrides),
         )
         decision = advance(self.spec, self.saved.generation, status, observed)
         decision.status.autoscaling = await self._autoscale(decision.status, now)
+        self.analysis.restart(self.spec.rollout.analysis, decision.status, datetime.now(timezone.utc))
         for event in decision.events:
             self._on_event(event)
         changed = decision.status != status or bool(decision.overrides_done)
@@ -216,6 +225,7 @@ class LocalRuntime:
         self._say("draining: stopping the router, then the engines")
         for task in self._pulls.values():
             task.cancel()
+        self.parity.cancel()
         await self.supervisor.stop_all(order=[ROUTER])
         await self._http.aclose()
         self._say("all processes stopped")

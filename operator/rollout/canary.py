@@ -10,6 +10,7 @@ the ``promote`` override, it is promoted: it becomes Stable and the old stable r
 from __future__ import annotations
 
 from folio.operator.autoscaling.share import promotion_ready
+from folio.operator.rollout import parity_gate
 from folio.operator.rollout.conditions import describe_sample
 from folio.operator.rollout.state import Pass
 from folio.operator.rollout.transitions import fail, retire
@@ -30,6 +31,8 @@ def progress(p: Pass) -> None:
         promote(p, canary, "the rollout has no steps")
         return
     if c.step_started_at is None:
+        if parity_gate.holds(p, canary, c):  # no traffic before the canary answers as stable does
+            return
         start_step(p, 0)
     c.step = min(c.step, len(steps) - 1)  # the spec may have lost steps since
     if count_sample(p, c):

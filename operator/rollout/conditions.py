@@ -86,10 +86,14 @@ def summarize(p: Pass) -> None:
         phase = "Pending"
     st.phase = phase
 
+    from folio.operator.rollout import parity_gate
+
+    gate_error = parity_gate.degraded(st)
     for value in (
         _ready(stable, serving, scaled_to_zero(p)),
         _progressing(p, failed, canary, stable, serving),
         ("Degraded", "True", failed.reason, failed.message) if failed is not None
+        else ("Degraded", "True", *gate_error) if gate_error is not None
         else ("Degraded", "False", "AsExpected", "no failed revision"),
         _weights(p, failed, pending),
     ):
@@ -139,6 +143,11 @@ def _progressing(p: Pass, failed: FailedRevision | None, canary: RevisionStatus 
 def _canary_progress(spec: InferenceServiceSpec, canary: RevisionStatus, c: CanaryStatus) -> tuple[str, str]:
     if not canary.weights_ready:
         return "WeightsPending", f"pre-pulling the weights of canary {canary.name}"
+    from folio.operator.rollout import parity_gate
+
+    gate = parity_gate.waiting(spec, canary, c)
+    if gate is not None:
+        return gate
     if c.step_started_at is None or c.weight == 0:
         return "ReplicasPending", f"waiting for a ready replica of canary {canary.name}"
     sample = describe_sample(c.last_analysis, spec) if c.last_analysis else "no analysis yet"
@@ -184,6 +193,8 @@ def describe_sample(sample: AnalysisSample, spec: InferenceServiceSpec) -> str:
         f"{sample.requests} requests (min {a.min_requests})",
         f"error rate {sample.error_rate:.2%} (max {a.max_error_rate:.2%})",
     ]
+    if sample.timeouts:
+        parts.append(f"timeout rate {sample.timeout_rate:.2%} (max {a.max_timeout_rate:.2%})")
     if sample.latency_p99_ms is not None and sample.stable_latency_p99_ms is not None:
         diff = sample.latency_p99_ms - sample.stable_latency_p99_ms
         parts.append(
@@ -192,6 +203,8 @@ def describe_sample(sample: AnalysisSample, spec: InferenceServiceSpec) -> str:
         )
     if sample.ttft_p95_ms is not None:
         parts.append(f"TTFT p95 {sample.ttft_p95_ms:.0f} ms (max {a.max_time_to_first_token_p95_ms:.0f} ms)")
+    if sample.shadow_match_rate is not None:
+        parts.append(f"shadow match {sample.shadow_match_rate:.1%}")
     figures = ", ".join(parts)
     why = f": {'; '.join(sample.reasons)}" if sample.reasons else ""
     return f"{sample.verdict}{why} [{figures}]"

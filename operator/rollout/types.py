@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from folio.operator.spec import AnalysisSample, InferenceServiceStatus
+from folio.operator.spec import AnalysisSample, InferenceServiceStatus, ParityReport
 
 # The manual overrides, asked for with `folio.dev/<name>` annotations or `folio promote|abort|retry`.
 OVERRIDES = ("promote", "abort", "retry")
@@ -35,6 +35,7 @@ class Observed:
     now: datetime
     revisions: dict[str, RevisionFacts] = field(default_factory=dict)
     analysis: AnalysisSample | None = None
+    parity: ParityReport | None = None  # the parity gate's report for the canary, when one just finished
     overrides: frozenset[str] = frozenset()
 
 

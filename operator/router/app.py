@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 from aiohttp import web
 
+from folio.operator.router.affinity import affinity_key
 from folio.operator.router.config import RouterConfig
 from folio.operator.router.errors import error_response
 from folio.operator.router.health import HealthChecker
+from folio.operator.router.loadscrape import LoadScraper
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyRequest
 from folio.operator.router.sources import ConfigSource
@@ -98,6 +100,7 @@ class RouterApp:
         self._tasks = [
             asyncio.create_task(self._run_source(), name="router-config"),
             asyncio.create_task(health.run(), name="router-health"),
+            asyncio.create_task(LoadScraper(self._session, self.state.balancer.replicas).run(), name="router-load"),
         ]
 
     async def shutdown(self) -> None:
@@ -171,13 +174,14 @@ class RouterApp:
             raise RequestError(
                 413, f"request body is larger than {self.max_body_bytes} bytes", "body_too_large"
             ) from None
-        if method == "POST":
-            _check_json_object(body)
+        parsed = _check_json_object(body) if method == "POST" else {}
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
-        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split)
+        balancer = self.state.balancer
+        key = affinity_key(parsed, headers, balancer.settings.prefix_char_length) if balancer.by_prefix else None
+        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split, affinity=key)
 
 
-def _check_json_object(body: bytes) -> None:
+def _check_json_object(body: bytes) -> dict[str, object]:
     if not body:
         raise RequestError(400, "request body is empty; expected a JSON object", "invalid_json")
     try:
@@ -188,3 +192,4 @@ def _check_json_object(body: bytes) -> None:
         raise RequestError(
             400, f"request body must be a JSON object, got {type(parsed).__name__}", "invalid_json"
         )
+    return parsed

@@ -1,11 +1,22 @@
-"""Replicas per revision and the least-loaded pick among the healthy ones."""
+"""Replicas per revision and the pick among the healthy ones: by prefix affinity with bounded load
+(`ring`), or the least loaded.
+
+A replica's load is its in-flight requests from this router plus, while its last scrape
+(`loadscrape`) is fresh, the requests waiting in its engine's queue; its KV cache usage breaks ties
+between equally loaded replicas.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from folio.operator.router.outliers import OutlierDetector
+from folio.operator.router.ring import HashRing, key_hash, place
+from folio.operator.spec import LoadBalancingSpec
+
+STALE_AFTER = 3.0  # seconds: an older scrape is not used (three missed ones at the 1 s cadence)
 
 
 @dataclass(eq=False)
@@ -18,6 +29,10 @@ class Replica:
     healthy: bool = True  # optimistic: sources list replicas their owner already considers ready
     failures: int = 0  # consecutive failed health checks
     last_error: str = ""
+    # from the replica's /metrics (loadscrape): engine queue length, KV cache usage in [0, 1], when
+    waiting: int = 0
+    kv_usage: float = 0.0
+    scraped_at: float | None = None
 
     def mark_up(self) -> None:
         self.healthy, self.failures, self.last_error = True, 0, ""
@@ -26,18 +41,42 @@ class Replica:
         self.healthy, self.last_error = False, reason
 
 
+def _url(replica: Replica) -> str:
+    return replica.url
+
+
 @dataclass
 class _Pool:
     replicas: list[Replica] = field(default_factory=list)
     cursor: int = 0  # rotates the starting point so idle replicas share the load
+    ring: HashRing[Replica] = field(default_factory=lambda: HashRing([], _url))
 
 
 class Balancer:
-    """Fewest in-flight requests wins; ties go round-robin."""
+    """PrefixHash: a request with an affinity key goes to the key's replica on the revision's ring unless
+    that one is over the load bound; otherwise (LeastLoaded, or no key) the least loaded wins, ties
+    round-robin. Placement never leaves the revision the split chose."""
 
-    def __init__(self, outliers: OutlierDetector | None = None) -> None:
+    def __init__(
+        self,
+        outliers: OutlierDetector | None = None,
+        settings: LoadBalancingSpec | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._pools: dict[str, _Pool] = {}
         self.outliers = outliers or OutlierDetector()
+        self.settings = settings or LoadBalancingSpec()
+        self._clock = clock
+        # called with (revision, spilled) for every request placed by its affinity key
+        self.on_affinity: Callable[[str, bool], None] | None = None
+
+    def configure(self, settings: LoadBalancingSpec) -> None:
+        self.settings = settings
+
+    @property
+    def by_prefix(self) -> bool:
+        """Whether requests should carry an affinity key at all."""
+        return self.settings.strategy == "PrefixHash"
 
     def update(self, endpoints: Mapping[str, Sequence[str]]) -> list[Replica]:
         """Adopt a new endpoint map, keeping the state of replicas that stay; returns the new ones."""
@@ -53,27 +92,61 @@ class Balancer:
                     added.append(replica)
                 replicas.append(replica)
             old = self._pools.get(revision)
-            pools[revision] = _Pool(replicas, old.cursor if old else 0)
+            if old is not None and [r.url for r in old.replicas] == [r.url for r in replicas]:
+                ring = old.ring
+            else:  # the ring hashes URLs: replicas that stay keep their keys
+                ring = HashRing(replicas, _url)
+            pools[revision] = _Pool(replicas, old.cursor if old else 0, ring)
         self._pools = pools
         self.outliers.forget(self.replicas())
         return added
 
-    def pick(self, revision: str | None, exclude: Collection[Replica] = ()) -> Replica | None:
+    def pick(
+        self, revision: str | None, exclude: Collection[Replica] = (), key: str | None = None
+    ) -> Replica | None:
         pool = self._pools.get(revision) if revision is not None else None
         if pool is None or not pool.replicas:
             return None
+        now = self._clock()
+        if key is not None and self.by_prefix and len(pool.replicas) > 1:
+            best, spilled = place(
+                pool.ring, key_hash(key), lambda r: self.queue_load(r, now),
+                lambda r: self.usable(r) and r not in exclude, self.settings.mean_load_factor,
+            )  # fmt: skip
+            if best is not None and self.on_affinity is not None:
+                self.on_affinity(best.revision, spilled)
+        else:
+            best = self._least_loaded(pool, exclude, now)
+        if best is not None:
+            self.outliers.started(best)  # a half-open replica's one trial request
+        return best
+
+    def _least_loaded(self, pool: _Pool, exclude: Collection[Replica], now: float) -> Replica | None:
         replicas = pool.replicas
         n = len(replicas)
         start = pool.cursor % n
         pool.cursor = start + 1
         best: Replica | None = None
+        best_load = (0, 0.0)
         for i in range(n):
             r = replicas[(start + i) % n]
-            if self.usable(r) and r not in exclude and (best is None or r.in_flight < best.in_flight):
-                best = r
-        if best is not None:
-            self.outliers.started(best)  # a half-open replica's one trial request
+            if not self.usable(r) or r in exclude:
+                continue
+            load = self.load(r, now)
+            if best is None or load < best_load:
+                best, best_load = r, load
         return best
+
+    def fresh(self, replica: Replica, now: float) -> bool:
+        return replica.scraped_at is not None and now - replica.scraped_at <= STALE_AFTER
+
+    def queue_load(self, replica: Replica, now: float) -> int:
+        """Requests on the replica: ours in flight, plus its engine's queue while the scrape is fresh."""
+        return replica.in_flight + (replica.waiting if self.fresh(replica, now) else 0)
+
+    def load(self, replica: Replica, now: float) -> tuple[int, float]:
+        """Ordering for LeastLoaded: queue load first, then how full its KV cache is."""
+        return self.queue_load(replica, now), (replica.kv_usage if self.fresh(replica, now) else 0.0)
 
     def usable(self, replica: Replica) -> bool:
         """Passes its health checks and is not ejected (or is half-open with no trial out)."""

@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S, ReadTimeouts
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", required=True, help="the InferenceService this router fronts")
@@ -39,7 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-timeout",
         type=float,
         default=600.0,
-        help="seconds to wait for an upstream's headers or next chunk (default 600)",
+        help="seconds an upstream may take to its first byte, and then between chunks; a canary gets "
+        "requestTimeout from the config when that is shorter (default 600)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_S,
+        help="seconds a client has to send a request's headers before it is disconnected (default %(default)s)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_S,
+        help="seconds a client has to send a request's body after its headers (default %(default)s)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -53,6 +68,11 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        read_timeouts = ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)
+    except ValueError as exc:
+        print(f"folio router: {exc}", file=sys.stderr)
+        return 2
     keys: list[str] = []
     if args.api_keys_file:
         try:
@@ -103,5 +123,5 @@ def main(args: argparse.Namespace) -> int:
         print(f"folio router: cannot listen on {host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     logging.getLogger("folio.router").info("router for %s listening on %s:%d", args.name, host, args.port)
-    asyncio.run(serve_until_signalled(app, sock))
+    asyncio.run(serve_until_signalled(app, sock, read_timeouts=read_timeouts))
     return 0

@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from folio.operator.spec import OutlierDetectionSpec, describe_errors
+from folio.operator.spec import (
+    LoadBalancingSpec,
+    OutlierDetectionSpec,
+    PositiveDuration,
+    describe_errors,
+    parse_duration,
+)
 
 # Not a revision: the label under which overflow attempts are counted in the metrics.
 OVERFLOW = "overflow"
@@ -67,7 +73,8 @@ class Holding(_Wire):
 
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
-OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "holding")
+OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing", "holding")
+DEFAULT_REQUEST_TIMEOUT = "60s"  # the spec's analysis.requestTimeout default
 
 
 class RouterConfig(_Wire):
@@ -80,6 +87,9 @@ class RouterConfig(_Wire):
     shadow: Shadow | None = None
     holding: Holding | None = None
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
+    # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
+    request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
     api_keys: list[str] | None = None
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()
@@ -111,6 +121,10 @@ class RouterConfig(_Wire):
             return self.canary
         stable = self.stable_revision
         return next((t.revision for t in self.traffic if t.revision != stable), None)
+
+    @property
+    def request_timeout_seconds(self) -> float:
+        return parse_duration(self.request_timeout)
 
     @property
     def shadow_fraction(self) -> float:

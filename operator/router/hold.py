@@ -6,9 +6,10 @@ usable replica waits here instead:
 
 - at most ``maxHeldRequests`` wait, each for at most ``holdTimeout``; past either the request gets
   503 with Retry-After in the OpenAI shape, or goes to the overflow endpoint when one is configured;
-- while any wait, the router asks for a scale up (in a cluster: an annotation on its
-  InferenceService, which the operator's autoscaler reads; `folio up` reads the held-requests gauge),
-  again every few seconds while nothing is ready;
+- while any wait, the router asks for a scale up: its held-requests gauge (`/metrics`) is the ask,
+  which the operator's autoscaler reads every second while a service is at zero and `folio up` at
+  every tick (routers hold no write permission on the API); an embedding may also pass an ``ask``
+  hook, called at once and again every few seconds while nothing is ready;
 - once replicas are ready, held requests go out first come, first served, at most
   ``releasePerReplica`` per ready replica at a time: the next one leaves when one of those is
   answered, so a replica that just loaded its weights takes the backlog at its own rate rather than

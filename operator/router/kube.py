@@ -10,40 +10,38 @@ whole `RouterConfig` with `folio.operator.serving.router.router_config` from the
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
-from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pydantic
 
 from folio.operator.k8s.client import AsyncKube, path
-from folio.operator.k8s.names import ENGINE_PORT, SERVICE_NAME_LABEL, revision_of_service
+from folio.operator.k8s.names import ENGINE_PORT, OVERFLOW_KEY_FILE, SERVICE_NAME_LABEL, revision_of_service
 from folio.operator.router.config import ConfigError, RouterConfig
 from folio.operator.router.sources import Apply
 from folio.operator.serving.router import routable, router_config
 from folio.operator.spec import (
     API_VERSION,
     KIND,
-    SCALE_UP_ANNOTATION,
     InferenceServiceSpec,
     InferenceServiceStatus,
     describe_errors,
-    now_iso,
 )
 
 log = logging.getLogger(__name__)
 
-SECRET_TTL_S = 60.0  # a rotated overflow key is picked up within this long
+# The kubelet refreshes a mounted Secret within about a minute; re-read the file as often.
+SECRET_TTL_S = 60.0
 
 Object = dict[str, Any]
 
 
 class KubernetesSource:
     def __init__(
-        self, isvc: str, namespace: str, api: AsyncKube | None = None, *, retry_max_s: float = 30.0
+        self, isvc: str, namespace: str, api: AsyncKube | None = None, *, retry_max_s: float = 30.0,
+        overflow_key_file: Path = OVERFLOW_KEY_FILE,
     ) -> None:
         self.isvc = isvc
         self.namespace = namespace
@@ -52,6 +50,9 @@ class KubernetesSource:
         self._service: Object | None = None
         self._spec: InferenceServiceSpec | None = None  # the last spec that could be read
         self._slices: dict[str, Object] = {}
+        # The overflow API key's Secret is mounted into the router's pod (the operator names it in the
+        # Deployment): neither the router nor the operator may read Secrets through the API.
+        self._overflow_key_file = overflow_key_file
         self._overflow_key: tuple[tuple[str, str] | None, str | None, float] = (None, None, 0.0)
 
     async def run(self, apply: Apply) -> None:
@@ -94,16 +95,6 @@ class KubernetesSource:
                            on_slices, on_slice, retry_max_s=self._retry_max_s),
             )
 
-    async def ask_scale_up(self) -> None:
-        """Requests are held and nothing is ready: annotate the InferenceService (the operator's
-        autoscaler reads it at once, through its watch, and removes it once it has scaled up)."""
-        if self._api is None:
-            return
-        stamp = now_iso(datetime.now(timezone.utc))
-        patch = {"metadata": {"annotations": {SCALE_UP_ANNOTATION: stamp}}}
-        await self._api.merge_patch(path(API_VERSION, KIND, self.namespace, self.isvc), patch)
-        log.info("requests are held for %s/%s: asked for a scale up", self.namespace, self.isvc)
-
     # ------------------------------------------------------------------------------ config
 
     async def config(self) -> RouterConfig:
@@ -138,18 +129,13 @@ class KubernetesSource:
         if cached_ref == key and time.monotonic() - at < SECRET_TTL_S:
             return cached
         value: str | None = None
-        assert self._api is not None
         try:
-            secret = await self._api.get(path("v1", "Secret", self.namespace, ref.name))
-            raw = (secret.get("data") or {}).get(ref.key)
-            if raw is None:
-                log.error(
-                    "Secret %s/%s has no key %r for the overflow API key", self.namespace, ref.name, ref.key
-                )
-            else:
-                value = base64.b64decode(raw).decode().strip()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            log.error("cannot read the overflow API key from Secret %s/%s: %s", self.namespace, ref.name, exc)
+            value = self._overflow_key_file.read_text().strip() or None
+            if value is None:
+                log.error("the overflow API key from Secret %s/%s (key %r) is empty", self.namespace, ref.name, ref.key)
+        except (OSError, UnicodeDecodeError) as exc:  # a missing Secret or key leaves the optional volume empty
+            log.error("cannot read the overflow API key from Secret %s/%s (key %r, mounted at %s): %s",
+                      self.namespace, ref.name, ref.key, self._overflow_key_file, exc)
         self._overflow_key = (key, value, time.monotonic())
         return value
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 # Label names. Every series is per InferenceService and revision.
 ISVC = "isvc"
 REVISION = "revision"
-CODE = "code"  # the upstream's HTTP status, or "error" when it never answered
+CODE = "code"  # the upstream's HTTP status, "error" when it never answered, "timeout" when too late
+TIMEOUT = "timeout"  # the code of an attempt that timed out (router/timeouts.py)
 
 # Upstream attempts by revision and outcome: requests and errors of the analysis.
 REQUESTS = "folio_router_requests_total"
@@ -21,11 +22,20 @@ TTFT = "folio_router_time_to_first_token_seconds"
 WEIGHT = "folio_router_traffic_weight"
 SHADOW_REQUESTS = "folio_router_shadow_requests_total"
 SHADOW_DURATION = "folio_router_shadow_request_duration_seconds"
+# A reproducible mirrored request's canary answer against the primary's (operator/router/shadow_compare.py)
+SHADOW_COMPARISONS = "folio_router_shadow_comparisons_total"
+SHADOW_LATENCY_DIFFERENCE = "folio_router_shadow_latency_difference_seconds"  # canary minus primary
+RESULT = "result"  # match | mismatch | error
 IN_FLIGHT = "folio_router_in_flight"
 REPLICA = "replica"  # a replica's base URL
 EJECTIONS = "folio_router_ejections_total"
 EJECTED = "folio_router_replica_ejected"
 OVERFLOW_REQUESTS = "folio_router_overflow_requests_total"
+# Requests placed by their affinity key: on the key's own replica (hit) or passed on for load (spill).
+PREFIX_AFFINITY = "folio_router_prefix_affinity_total"
+RESULT = "result"
+AFFINITY_HIT = "hit"
+AFFINITY_SPILL = "spill"
 
 
 def is_error(code: str) -> bool:

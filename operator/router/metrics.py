@@ -22,6 +22,10 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+# seconds, canary minus primary: symmetric around 0
+LATENCY_DIFFERENCE_BUCKETS = tuple(sorted({*(-b for b in (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)), 0.0,
+                                          0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0}))
+
 class RouterMetrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -57,6 +61,14 @@ class RouterMetrics:
         self.shadow_duration = Histogram(
             m.SHADOW_DURATION, "Duration of mirrored requests.", per_revision, buckets=buckets, registry=r
         )
+        self.shadow_comparisons = Counter(
+            m.SHADOW_COMPARISONS, "Reproducible mirrored requests: the canary's answer against the primary's.",
+            [*per_revision, m.RESULT], registry=r,
+        )
+        self.shadow_latency_difference = Histogram(
+            m.SHADOW_LATENCY_DIFFERENCE, "Mirrored request duration, canary minus primary.", per_revision,
+            buckets=LATENCY_DIFFERENCE_BUCKETS, registry=r,
+        )
         self.in_flight = Gauge(m.IN_FLIGHT, "Upstream attempts in progress.", per_revision, registry=r)
         per_replica = [*per_revision, m.REPLICA]
         self.ejections = Counter(m.EJECTIONS, "Replicas taken out of rotation by outlier detection.", per_replica,
@@ -67,6 +79,11 @@ class RouterMetrics:
             m.OVERFLOW_REQUESTS, "Requests forwarded to the overflow endpoint, by its answer.", [m.ISVC, m.CODE],
             registry=r,
         )
+        self.prefix_affinity = Counter(
+            m.PREFIX_AFFINITY,
+            "Requests placed by prefix or session affinity: on the key's replica (hit) or passed on for load (spill).",
+            [*per_revision, m.RESULT], registry=r,
+        )  # fmt: skip
         self.held = Gauge(m.HELD, "Requests held until a replica is ready (scale from zero).", [m.ISVC], registry=r)
         self.held_total = Counter(
             m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
@@ -105,12 +122,20 @@ class RouterMetrics:
             self._child(self.ejections, revision, replica).inc()
         self._child(self.ejected, revision, replica).set(1 if ejected else 0)
 
+    def affinity(self, revision: str, spilled: bool) -> None:
+        self._child(self.prefix_affinity, revision, m.AFFINITY_SPILL if spilled else m.AFFINITY_HIT).inc()
+
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()
 
     def shadowed(self, revision: str, code: str, duration: float) -> None:
         self._child(self.shadow, revision, code).inc()
         self._child(self.shadow_duration, revision).observe(duration)
+
+    def shadow_compared(self, revision: str, result: str, difference: float | None) -> None:
+        self._child(self.shadow_comparisons, revision, result).inc()
+        if difference is not None:
+            self._child(self.shadow_latency_difference, revision).observe(difference)
 
     def set_weights(self, weights: Mapping[str, int]) -> None:
         for gone in self._weights - weights.keys():

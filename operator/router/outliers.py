@@ -56,7 +56,11 @@ class OutlierDetector:
         self.settings = settings
 
     def forget(self, keep: Collection[Hashable]) -> None:
-        """Drop the state of replicas that are gone from the endpoint map."""
+        """Drop the state of replicas that are gone from the endpoint map (an ejected one is reported
+        readmitted, so that nothing shows it ejected for good)."""
+        for replica, record in self._records.items():
+            if replica not in keep and record.ejected_until is not None:
+                self._changed(replica, False)
         self._records = {k: r for k, r in self._records.items() if k in keep}
 
     def ejected(self, replica: Hashable) -> bool:

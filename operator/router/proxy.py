@@ -1,7 +1,8 @@
 """Forwarding one request: pick a revision and replica, retry to stable, overflow, mirror, relay.
 
 Only a failure before the first byte can be retried: after that the client has the status line.
-Every upstream attempt is counted once, under the revision that answered (or failed to).
+Every upstream attempt is counted once, under the revision that answered (or failed to), and
+is held to a timeout (`timeouts`): until its first byte, then between chunks.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -22,7 +24,16 @@ from folio.operator.router.errors import error_response
 from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.outliers import is_failure
+from folio.operator.router.shadow_compare import Capture, Comparison, comparable
 from folio.operator.router.state import RoutingState
+from folio.operator.router.timeouts import (
+    TIMEOUT,
+    Stalled,
+    attempt_timeout,
+    next_chunk,
+    stall_event,
+    timed_out_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,15 @@ class ProxyRequest:
     body: bytes
     mirror: bool = False  # may be shadowed to the canary
     use_split: bool = True  # False: always the stable revision (e.g. /v1/models)
+    affinity: str | None = None  # the prefix or session key placement follows (`affinity.affinity_key`)
+
+
+@dataclass
+class Head:
+    """What an answer sent first: its whole body (``chunks`` None), or its first chunk and the rest."""
+
+    first: bytes | None  # None: the stream ended without a byte
+    chunks: AsyncIterator[bytes] | None = None
 
 
 @dataclass
@@ -88,6 +108,9 @@ class Proxy:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=read_timeout
         )
+        # Attempts keep time themselves (`timeouts.attempt_timeout`): a canary gets less than stable.
+        self._read_timeout = read_timeout
+        self._attempt_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
         self._shadow_limit = shadow_limit
         self._shadow_tasks: set[asyncio.Task[None]] = set()
         self.hold = HoldQueue(state, metrics, ask_scale_up)
@@ -111,16 +134,18 @@ class Proxy:
         stable = config.stable_revision
         primary = state.split.choose() if req.use_split else stable
         # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
-        replica = balancer.pick(primary) or balancer.pick_any([stable], exclude=())
-        if req.mirror and replica is not None:
-            self._maybe_shadow(req, replica.revision)
+        replica = balancer.pick(primary, key=req.affinity) or balancer.pick_any([stable], exclude=())
+        comparison = self._maybe_shadow(req, replica.revision) if req.mirror and replica is not None else None
+        capture = comparison.primary if comparison is not None else None
 
         tried: list[Replica] = []
         retried = False
         failure: Failure | None = None
         while replica is not None:
-            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica)
+            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica, capture=capture)
             if not isinstance(answer, Failure):
+                if comparison is not None:  # the whole answer has been relayed: the shadow's may be compared
+                    comparison.finish_primary(answer.status)
                 return answer
             failure = answer
             tried.append(replica)
@@ -147,6 +172,8 @@ class Proxy:
             )  # fmt: skip
         if failure.status is not None:  # the last replica's own answer, as it sent it
             return web.Response(status=failure.status, body=failure.body, headers=failure.headers)
+        if failure.code == TIMEOUT:
+            return timed_out_response(failure.reason)
         return error_response(502, f"upstream unreachable: {failure.reason}", code="upstream_unreachable")
 
     async def _overflow(
@@ -159,7 +186,9 @@ class Proxy:
             req, downstream, overflow.url, OVERFLOW, None, headers=headers, relay_any=True
         )
         if isinstance(answer, Failure):
-            self.metrics.overflowed("error")
+            self.metrics.overflowed(answer.code)
+            if answer.code == TIMEOUT:
+                return timed_out_response(f"overflow: {answer.reason}")
             return error_response(502, f"overflow unreachable: {answer.reason}", code="upstream_unreachable")
         self.metrics.overflowed(str(answer.status))
         return answer
@@ -174,6 +203,7 @@ class Proxy:
         *,
         headers: list[tuple[str, str]] | None = None,
         relay_any: bool = False,
+        capture: Capture | None = None,
     ) -> web.StreamResponse | Failure:
         """One upstream try: the relayed response, or why there is none to relay."""
         metrics = self.metrics
@@ -181,32 +211,50 @@ class Proxy:
             replica.in_flight += 1
         metrics.attempt_started(revision)
         started = perf_counter()
+        limit = attempt_timeout(self.state.config, revision, self._read_timeout)
         code: str | None = None
+        resp: aiohttp.ClientResponse | None = None
         try:
             try:
-                resp = await self._session.request(
-                    req.method, base_url + req.path, data=req.body or None,
-                    headers=req.headers if headers is None else headers,
-                    timeout=self._timeout, allow_redirects=False,
-                )  # fmt: skip
-            except _UPSTREAM_ERRORS as exc:
-                code = "error"
+                async with asyncio.timeout(limit):  # the request, the answer's head and its first bytes
+                    resp = await self._session.request(
+                        req.method, base_url + req.path, data=req.body or None,
+                        headers=req.headers if headers is None else headers,
+                        timeout=self._attempt_timeout, allow_redirects=False,
+                    )  # fmt: skip
+                    failed = not relay_any and (resp.status >= 500 or resp.status == 429)
+                    head = await (_failure(resp, revision) if failed else _head(resp))
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                if resp is not None:
+                    resp.close()
+                timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError)
+                code = TIMEOUT if timed_out else "error"
                 if replica is not None:
                     self._outcome(replica, failed=True)
                     if isinstance(exc, aiohttp.ClientConnectorError):
                         replica.mark_down(f"connect failed: {exc}")  # the health checks bring it back
+                if timed_out:
+                    return Failure(TIMEOUT, reason=f"{revision} sent no answer within {limit:g}s")
                 return Failure("error", reason=f"{type(exc).__name__}: {exc}".rstrip(": "))
             code = str(resp.status)
             if replica is not None:
                 self._outcome(replica, failed=is_failure(resp.status, "Retry-After" in resp.headers))
-            if not relay_any and (resp.status >= 500 or resp.status == 429):
-                return await _failure(resp, revision)
+            if isinstance(head, Failure):
+                return head
+            if head.first is not None:
+                metrics.first_byte(revision, perf_counter() - started)
             try:
-                relayed = await self._relay(resp, revision, started, downstream)
+                relayed, stalled = await self._relay(resp, head, revision, downstream, limit, capture)
             except BaseException:
                 resp.close()  # drop the connection so the engine sees the client leave and aborts
                 raise
-            resp.release()
+            if stalled:
+                code = TIMEOUT
+                if replica is not None:
+                    self._outcome(replica, failed=True)
+                resp.close()
+            else:
+                resp.release()
             return relayed
         finally:
             if replica is not None:
@@ -220,63 +268,68 @@ class Proxy:
         self.state.balancer.outliers.record(replica, failed, self.state.balancer.pool(replica.revision))
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, revision: str, started: float, downstream: web.Request
-    ) -> web.StreamResponse:
+        self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float,
+        capture: Capture | None = None,
+    ) -> tuple[web.StreamResponse, bool]:
+        """Pass the answer on from its first bytes; True with it when the upstream stalled mid-stream."""
         headers = _relayed_headers(resp)
         headers["X-Folio-Revision"] = revision
-        length = resp.content_length
-        if length is not None and length <= WHOLE_BODY_MAX and resp.content_type != "text/event-stream":
-            # A complete, small answer (a non-streaming completion arrives all at once) goes out
-            # in one write rather than headers and body apart: a send is the router's costliest call.
-            try:
-                body = await resp.read()
-            except _UPSTREAM_ERRORS as exc:
-                log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
-                return error_response(502, f"upstream {revision} broke off its answer", code="upstream_error")
-            self.metrics.first_byte(revision, perf_counter() - started)
+        if head.chunks is None:
+            if capture is not None and head.first is not None:
+                capture.add(head.first)
             headers.popall("Content-Length", None)  # set again from the body
-            return web.Response(status=resp.status, reason=resp.reason, body=body, headers=headers)
+            whole = web.Response(status=resp.status, reason=resp.reason, body=head.first, headers=headers)
+            return whole, False
         out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
         await out.prepare(downstream)
-        chunks = resp.content.iter_any()  # whatever has arrived: never wait to fill a buffer
-        first = True
-        while True:
+        chunk = head.first
+        while chunk is not None:
+            if capture is not None:
+                capture.add(chunk)
+            if not await _write(out, chunk, resp):
+                return out, False
             try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
+                chunk = await next_chunk(head.chunks, limit)
+            except Stalled as stall:
+                log.warning("upstream %s (%s) stalled mid-response: %s", revision, resp.url.origin(), stall)
+                sse = resp.content_type == "text/event-stream"
+                if sse and await _write(out, stall_event(revision, limit), resp):
+                    await _write(out, None, resp)  # a clean end: the error event says what happened
+                else:
+                    _drop(downstream)
+                return out, True
             except _UPSTREAM_ERRORS as exc:
                 # Too late to retry or change the status: cut the client off, so that it sees a
                 # broken response rather than a complete-looking truncated one.
                 log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
                 _drop(downstream)
-                return out
-            if first:
-                self.metrics.first_byte(revision, perf_counter() - started)
-                first = False
-            if not await _write(out, chunk, resp):
-                return out
+                return out, False
         await _write(out, None, resp)
-        return out
+        return out, False
 
     # ------------------------------------------------------------------------------- shadow
 
-    def _maybe_shadow(self, req: ProxyRequest, primary: str) -> None:
+    def _maybe_shadow(self, req: ProxyRequest, primary: str) -> Comparison | None:
+        """Mirror ``req`` to the canary (bounded); a reproducible one is compared with the primary's answer."""
         config = self.state.config
         canary = config.canary_revision
         fraction = config.shadow_fraction
         if canary is None or canary == primary or fraction <= 0.0 or random.random() >= fraction:
-            return
+            return None
         if len(self._shadow_tasks) >= self._shadow_limit:
-            return  # mirroring must never pile up behind a slow canary
+            return None  # mirroring must never pile up behind a slow canary
         replica = self.state.balancer.pick(canary)
         if replica is None:
-            return
-        task = asyncio.create_task(self._shadow(req, replica))
+            return None
+        comparison = None
+        if comparable(req.body):
+            comparison = Comparison(lambda result, diff: self.metrics.shadow_compared(canary, result, diff))
+        task = asyncio.create_task(self._shadow(req, replica, comparison))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
+        return comparison
 
-    async def _shadow(self, req: ProxyRequest, replica: Replica) -> None:
+    async def _shadow(self, req: ProxyRequest, replica: Replica, comparison: Comparison | None = None) -> None:
         replica.in_flight += 1
         started = perf_counter()
         try:
@@ -284,14 +337,17 @@ class Proxy:
                 req.method, replica.url + req.path, data=req.body or None,
                 headers=[*req.headers, ("X-Folio-Shadow", "1")], timeout=self._timeout,
             ) as resp:  # fmt: skip
-                async for _ in resp.content.iter_any():
-                    pass
+                async for chunk in resp.content.iter_any():
+                    if comparison is not None:
+                        comparison.shadow.add(chunk)
                 code = str(resp.status)
         except _UPSTREAM_ERRORS:
             code = "error"
         finally:
             replica.in_flight -= 1
         self.metrics.shadowed(replica.revision, code, perf_counter() - started)
+        if comparison is not None:
+            comparison.finish_shadow(int(code) if code.isdigit() else None)
 
     async def close(self) -> None:
         await self.hold.close()
@@ -308,6 +364,20 @@ async def _write(out: web.StreamResponse, chunk: bytes | None, resp: aiohttp.Cli
         resp.close()  # drop the upstream too, so the engine aborts the request
         return False
     return True
+
+
+async def _head(resp: aiohttp.ClientResponse) -> Head:
+    """The answer's first bytes: a complete, small answer (a non-streaming completion arrives all at
+    once) whole, so that it goes out in one write rather than headers and body apart (a send is the
+    router's costliest call); else its first chunk, whatever has arrived (never wait to fill a buffer)."""
+    length = resp.content_length
+    if length is not None and length <= WHOLE_BODY_MAX and resp.content_type != "text/event-stream":
+        return Head(await resp.read())
+    chunks = resp.content.iter_any()
+    try:
+        return Head(await anext(chunks), chunks)
+    except StopAsyncIteration:
+        return Head(None, chunks)
 
 
 async def _failure(resp: aiohttp.ClientResponse, revision: str) -> Failure:

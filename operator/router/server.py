@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from folio.engine.server.read_timeouts import ReadTimeouts, guarded_factory
 from folio.operator.router.app import RouterApp
 
 
@@ -31,6 +32,23 @@ def base_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class GuardedSockSite(web.SockSite):
+    """aiohttp's SockSite, with header and body read timeouts on every connection."""
+
+    __slots__ = ("_timeouts",)
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, timeouts: ReadTimeouts, **kwargs: float) -> None:
+        super().__init__(runner, sock, **kwargs)
+        self._timeouts = timeouts
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner (SockSite.start without the server)
+        assert self._runner.server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            guarded_factory(self._runner.server, self._timeouts), sock=self._sock, backlog=self._backlog
+        )
+
+
 @contextlib.asynccontextmanager
 async def running_router(
     app: RouterApp,
@@ -39,9 +57,11 @@ async def running_router(
     *,
     sock: socket.socket | None = None,
     drain_s: float = 1.0,
+    read_timeouts: ReadTimeouts | None = None,
 ) -> AsyncIterator[str]:
     """Serve `app` in this event loop; yields its base URL. On exit, in-flight requests get
-    `drain_s` seconds to finish before the router stops."""
+    `drain_s` seconds to finish before the router stops. A client slower than `read_timeouts` to
+    send a request's headers or body is disconnected."""
     runner = web.AppRunner(
         app.web_app(),
         access_log=None,  # a line per request costs more than proxying it
@@ -51,14 +71,16 @@ async def running_router(
     sock = sock or bind(host, port)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock, shutdown_timeout=drain_s).start()
+        await GuardedSockSite(runner, sock, read_timeouts or ReadTimeouts(), shutdown_timeout=drain_s).start()
         yield base_url(sock)
     finally:
         await runner.cleanup()
         sock.close()
 
 
-async def serve_until_signalled(app: RouterApp, sock: socket.socket, *, drain_s: float = 30.0) -> None:
+async def serve_until_signalled(
+    app: RouterApp, sock: socket.socket, *, drain_s: float = 30.0, read_timeouts: ReadTimeouts | None = None
+) -> None:
     """The CLI's loop: serve until SIGTERM/SIGINT, then drain in-flight requests (a second signal
     stops at once)."""
     stop = asyncio.Event()
@@ -71,5 +93,5 @@ async def serve_until_signalled(app: RouterApp, sock: socket.socket, *, drain_s:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    async with running_router(app, sock=sock, drain_s=drain_s):
+    async with running_router(app, sock=sock, drain_s=drain_s, read_timeouts=read_timeouts):
         await stop.wait()

@@ -21,6 +21,7 @@ class RoutingState:
         self.split = WeightedSplit(())
         self.balancer = Balancer()
         self.balancer.outliers.on_change = self._ejection_changed
+        self.balancer.on_affinity = metrics.affinity
         self._static_keys = list(static_keys)
         self.api_keys = ApiKeys(self._static_keys)
         self.loaded = False  # a source has delivered at least one config
@@ -35,6 +36,7 @@ class RoutingState:
             self.metrics.set_weights(dict(weights))
             log.info("traffic: %s", ", ".join(f"{r}={w}" for r, w in weights) or "(none)")
         self.balancer.outliers.configure(config.outlier_detection)
+        self.balancer.configure(config.load_balancing)
         self.balancer.update(config.endpoints)
         if config.api_keys != old.api_keys or not self.loaded:
             self.api_keys = ApiKeys([*self._static_keys, *(config.api_keys or [])])

@@ -12,9 +12,12 @@ from typing import Any
 
 from folio.operator.k8s.names import cache_pvc_name, component_labels, prepull_job_name
 from folio.operator.prepull import CACHE_MOUNT, SOURCE_MOUNT, pvc_claim_and_path, weights_path
+from folio.operator.serving.security import harden
 from folio.operator.spec import CacheSpec, ModelSource
 
 Obj = dict[str, Any]
+
+PREPULL_SCRATCH = "1Gi"  # the hub client's own cache and locks; the weights go straight to the PVC
 
 
 def weights_pvc(
@@ -90,7 +93,9 @@ def prepull_job(
             "backoffLimit": backoff_limit,
             "template": {
                 "metadata": {"labels": dict(labels)},
-                "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
+                # It reads the hub, never the Kubernetes API: the default ServiceAccount's token stays out.
+                "spec": harden({"restartPolicy": "Never", "containers": [container], "volumes": volumes},
+                               scratch_size=PREPULL_SCRATCH, api_token=False),
             },
         },
     }

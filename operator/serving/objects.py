@@ -17,6 +17,9 @@ from typing import Any
 
 from folio.operator.k8s.names import (
     ENGINE_PORT,
+    OVERFLOW_KEY_DIR,
+    OVERFLOW_KEY_FILE,
+    ROUTER_CLUSTER_ROLE,
     ROUTER_PORT,
     ROUTER_SERVICE_PORT,
     Component,
@@ -29,15 +32,16 @@ from folio.operator.k8s.names import (
     selector,
 )
 from folio.operator.prepull import CACHE_MOUNT
-from folio.operator.serving import keda
+from folio.operator.serving import keda, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
+from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
+from folio.operator.serving.security import harden
 from folio.operator.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
-    GROUP,
     KIND,
-    PLURAL,
     InferenceServiceSpec,
     ResourceRequirements,
 )
@@ -52,6 +56,9 @@ STARTUP_FAILURES = 120
 PRESTOP_SLEEP_S = 10
 ENGINE_GRACE_S = 120
 DEFAULT_SHUTDOWN_S = 30.0  # `folio serve --shutdown-timeout` default
+# Writable /tmp per pod (the root filesystem is read-only): compiled kernels for engines, little for routers.
+ENGINE_SCRATCH = "4Gi"
+ROUTER_SCRATCH = "64Mi"
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,14 @@ class PlanSettings:
     image: str = DEFAULT_IMAGE  # the operator's own image: router and pre-pull run it
     # Engines on several nodes read one cache: ReadWriteMany (ReadWriteOnce for a one-node cluster).
     cache_access_modes: tuple[str, ...] = ("ReadWriteMany",)
+    # The chart's ClusterRole for routers (`folio operator --router-cluster-role`).
+    router_cluster_role: str = ROUTER_CLUSTER_ROLE
+    # Where the operator's own pods run, and their labels: the engines' NetworkPolicy admits them.
+    operator_namespace: str | None = None
+    operator_labels: tuple[tuple[str, str], ...] = ()
+    # InferencePool for specs that leave `router.inferencePool` unset, and its endpoint picker's port (0: none)
+    inference_pool: bool = False
+    endpoint_picker_port: int = DEFAULT_PICKER_PORT
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -111,6 +126,15 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
             out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
+    policy = engine_network_policy(
+        owner.name, owner.namespace, spec, operator_namespace=settings.operator_namespace,
+        operator_labels=dict(settings.operator_labels),
+        meta=_meta(owner, policy_name(owner.name), policy_labels(owner.name)),
+    )
+    if policy is not None:
+        out.append(policy)
+    if wanted(spec.router.inference_pool, settings.inference_pool):
+        out.append(inference_pool(owner.name, owner.namespace, ref, picker_port=settings.endpoint_picker_port))
     return out
 
 
@@ -133,7 +157,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         "command": ["folio", "serve"],
         "args": rev.serve_args(),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "resources": _resources(spec.engine.resources),
+        "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),  # N GPUs for N ranks
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
                          "failureThreshold": STARTUP_FAILURES, "timeoutSeconds": 5},
         # /ready turns 503 while draining, so a terminating pod leaves the endpoints at once.
@@ -150,13 +174,12 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
     if spec.engine.env:
         container["env"] = copy.deepcopy(spec.engine.env)
     pod_spec: Obj = {
-        "automountServiceAccountToken": False,  # engines never talk to the API
         "terminationGracePeriodSeconds": grace_period(rev),
         "containers": [container],
         "volumes": [
             {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(owner.name),
                                                           "readOnly": True}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            parallel.shm_volume(rev.args),  # sized for NCCL when the engine spans several GPUs
         ],
     }
     if spec.engine.node_selector:
@@ -167,6 +190,8 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         pod_spec["affinity"] = copy.deepcopy(spec.engine.affinity)
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    # Engines never talk to the API; Triton and torch-inductor caches fill /tmp.
+    harden(pod_spec, scratch_size=ENGINE_SCRATCH, api_token=False)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -212,15 +237,6 @@ def _resources(res: ResourceRequirements) -> Obj:
 def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSettings) -> list[Obj]:
     isvc, account = owner.name, router_account_name(owner.name)
     labels = component_labels(isvc, "router")
-    rules: list[Obj] = [
-        {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-    ]
-    if spec.autoscaling is not None:  # a router holding requests asks for a scale up with an annotation
-        rules.append({"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [isvc], "verbs": ["patch"]})
-    secrets = sorted({ref.name for ref in [spec.overflow and spec.overflow.api_key_secret_ref] if ref})
-    if secrets:  # an empty resourceNames would mean every Secret
-        rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": secrets, "verbs": ["get"]})
     container: Obj = {
         "name": "router",
         "image": spec.router.image or settings.image,
@@ -232,6 +248,15 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 3},
     }
+    pod_spec: Obj = {"serviceAccountName": account, "containers": [container]}
+    key_ref = spec.overflow.api_key_secret_ref if spec.overflow else None
+    if key_ref is not None:
+        # The kubelet reads the Secret, not the router: no Secret permission anywhere. Optional, so that
+        # a missing Secret is reported by the router (overflow off) instead of a pod stuck starting.
+        pod_spec["volumes"] = [{"name": "overflow-key", "secret": {
+            "secretName": key_ref.name, "optional": True, "items": [{"key": key_ref.key, "path": OVERFLOW_KEY_FILE.name}],
+        }}]
+        container["volumeMounts"] = [{"name": "overflow-key", "mountPath": OVERFLOW_KEY_DIR, "readOnly": True}]
     return [
         {
             "apiVersion": "v1",
@@ -239,16 +264,13 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
             "metadata": _meta(owner, account, labels),
         },
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(owner, account, labels),
-            "rules": rules,
-        },
-        {
+            # Binds the chart's router ClusterRole in this namespace: the operator holds `bind` on that
+            # one role only, instead of creating Roles (and holding every permission they grant).
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _meta(owner, account, labels),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": settings.router_cluster_role},
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": owner.namespace}],
         },
         {
@@ -260,7 +282,8 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
                 "selector": {"matchLabels": selector(isvc, "router")},
                 "template": {
                     "metadata": {"labels": dict(labels)},
-                    "spec": {"serviceAccountName": account, "containers": [container]},
+                    # The router watches its InferenceService and the EndpointSlices: it needs its token.
+                    "spec": harden(pod_spec, scratch_size=ROUTER_SCRATCH, api_token=True),
                 },
             },
         },

@@ -30,7 +30,7 @@ from folio.operator import prepull
 from folio.operator.autoscaling.share import revision_replicas
 from folio.operator.k8s.names import ENGINE_PORT
 from folio.operator.router.config import RouterConfig
-from folio.operator.serving import engine, keda
+from folio.operator.serving import engine, keda, parallel
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.router import router_config
 from folio.operator.spec import (
@@ -140,6 +140,7 @@ def validate(spec: InferenceServiceSpec) -> None:
     """Raise `PlanningError` when the spec's own revision could not be planned."""
     engine.engine_flags(spec.engine.args)
     keda.check(spec)
+    parallel.check(spec.engine)
     try:
         prepull.model_dir_name(spec.model)
         if spec.model.scheme == "pvc":

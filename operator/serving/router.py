@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from folio.operator.rollout import parity_gate
 from folio.operator.router.config import RouterConfig
 from folio.operator.spec import AutoscalingSpec, InferenceServiceSpec, InferenceServiceStatus
 
@@ -40,10 +41,12 @@ def router_config(
         "stable": status.stable_revision,
         "canary": status.canary_revision,
     }
-    if spec is not None and spec.shadow is not None:
-        data["shadow"] = spec.shadow.to_wire()
+    if spec is not None and spec.shadow is not None and not parity_gate.holds_shadow(spec, status):
+        data["shadow"] = spec.shadow.to_wire()  # (a canary waiting for its parity gate gets no user request)
     if spec is not None:
         data["outlierDetection"] = spec.router.outlier_detection.to_wire()
+        data["requestTimeout"] = spec.rollout.analysis.request_timeout
+        data["loadBalancing"] = spec.router.load_balancing.to_wire()
     if spec is not None and spec.autoscaling is not None:
         data["holding"] = holding(spec.autoscaling)
     if spec is not None and spec.overflow is not None:

@@ -34,6 +34,7 @@ def write_manifest(
     replicas: int = 1,
     rollout: dict[str, Any] | None = None,
     served_name: str | None = None,
+    router: dict[str, Any] | None = None,
     autoscaling: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
@@ -49,6 +50,7 @@ def write_manifest(
             "replicas": replicas,
             "engine": {"args": args or {}},
             "rollout": rollout or {},
+            **({"router": router} if router else {}),
         },
     }
     if autoscaling is not None:

@@ -29,13 +29,15 @@ async def test_prometheus_figures_and_verdict() -> None:
     seen: list[str] = []
     answers = {
         'code=~"5..|error"': 12,
+        'code="timeout"': 7,
         "histogram_quantile(0.99": 0.2,  # both canary and stable: no increase
         "histogram_quantile(0.95": 0.3,
         "folio_router_requests_total": 100,
     }
     async with prometheus(answers, seen) as client:
         sample = await prometheus_sample(client, "http://prom:9090", "chat", "c1", "s1", SPEC, T0)
-    assert (sample.requests, sample.errors, sample.verdict) == (100, 12, "Fail")
+    assert (sample.requests, sample.errors, sample.timeouts, sample.verdict) == (100, 12, 7, "Fail")
+    assert any("timeout rate 7.00% (7/100) exceeds maxTimeoutRate 5.00%" in r for r in sample.reasons)
     assert sample.latency_p99_ms == pytest.approx(200) and sample.ttft_p95_ms == pytest.approx(300)
     assert set(seen) == set(promql_queries("chat", "c1", "s1", "30s").values())
     assert all('isvc="chat"' in q and "[30s]" in q for q in seen)

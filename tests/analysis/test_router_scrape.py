@@ -51,6 +51,17 @@ def test_deltas_between_scrapes_summed_over_router_pods() -> None:
     assert third.requests == 0 and third.verdict == "Inconclusive"
 
 
+def test_timeouts_are_counted_apart_from_errors() -> None:
+    pod, scrapes = Router(), RouterScrapes("chat")
+    scrapes.sample({"http://r1/metrics": pod.text()}, "canary", "stable", SPEC, T0)  # the baseline
+    for n in range(80):
+        pod.serve("canary", "timeout" if n < 8 else "200", 0.1)
+    sample = scrapes.sample({"http://r1/metrics": pod.text()}, "canary", "stable", SPEC, T0)
+    assert (sample.requests, sample.errors, sample.timeouts) == (80, 0, 8)
+    assert sample.verdict == "Fail"
+    assert sample.reasons == ["timeout rate 10.00% (8/80) exceeds maxTimeoutRate 5.00% (requestTimeout 60s)"]
+
+
 def test_a_restarted_router_pod_counts_from_zero_and_a_new_one_is_a_baseline() -> None:
     scrapes = RouterScrapes("chat")
     old = Router()

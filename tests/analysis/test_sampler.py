@@ -81,3 +81,30 @@ def test_one_sample_per_interval_on_the_caller_s_clock() -> None:
     assert sampler.due(SPEC, T0 + timedelta(seconds=30))
     assert not sampler.due(SPEC, T0 + timedelta(seconds=31))
     assert sampler.due(SPEC, T0), "a clock set back starts a new interval rather than none for a while"
+
+
+def test_deadlines_are_a_whole_interval_apart_however_late_the_pass() -> None:
+    sampler = IntervalSampler("chat")
+    assert sampler.due(SPEC, T0) and sampler.until_due(T0) == 30.0
+    assert sampler.due(SPEC, T0 + timedelta(seconds=30.7))  # a pass 0.7 s late...
+    assert sampler.until_due(T0 + timedelta(seconds=30.7)) == pytest.approx(29.3)  # ...does not delay the next
+    assert not sampler.due(SPEC, T0 + timedelta(seconds=59.9))
+    assert sampler.due(SPEC, T0 + timedelta(seconds=60))
+    assert sampler.due(SPEC, T0 + timedelta(seconds=200))  # more than an interval late: from now on
+    assert sampler.until_due(T0 + timedelta(seconds=200)) == 30.0
+
+
+def test_a_canary_s_samples_count_from_when_it_takes_traffic() -> None:
+    sampler = IntervalSampler("chat")
+    assert sampler.due(SPEC, T0)
+    started = T0 + timedelta(seconds=12.5)
+    sampler.restart(SPEC, status(0), started)  # still waiting for a ready replica: nothing moves
+    assert sampler.until_due(started) == pytest.approx(17.5)
+    sampler.restart(SPEC, status(10), started)  # the decision that gave it its first step's weight
+    assert sampler.until_due(started) == 30.0
+    assert sampler.requeue(60.0, status(10), started) == 30.0  # the clock wakes up for the sample
+    assert sampler.requeue(5.0, status(10), started) == 5.0  # or sooner, when the decision asks
+    assert sampler.requeue(60.0, status(0), started) == 60.0  # no serving canary: no sample to wait for
+    sampler.restart(SPEC, status(10), started + timedelta(seconds=1))  # the same canary: no restart
+    assert not sampler.due(SPEC, started + timedelta(seconds=29.9))
+    assert sampler.due(SPEC, started + timedelta(seconds=30))

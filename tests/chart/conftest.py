@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from folio.engine.distributed.parallel_state import collective_metrics
 from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from folio.engine.server.metrics import ServerMetrics
 from folio.operator.controller import metrics as operator_metrics
@@ -38,6 +39,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "priorityClassName": "system-cluster-critical",
             "extraArgs": ["--verbose"],
             "extraEnv": [{"name": "FOLIO_EXTRA", "value": "1"}],
+            "inferencePool": {"enabled": True, "endpointPickerPort": 9100},
             "podAnnotations": {"example.com/team": "ml"},
         },
     },
@@ -101,6 +103,7 @@ def series() -> dict[str, set[str]]:
     router.shadowed("r2", "200", 0.02)
     router.replica_ejected("r2", "http://10.0.0.2:8000", True)
     router.overflowed("200")
+    collective_metrics(engine.registry, "smollm2")("all_reduce", 0.001)  # what a tensor-parallel engine adds
     found = {name: labels | TARGET_LABELS | ENGINE_TARGET_LABELS
              for name, labels in scraped(engine.render().decode()).items() if name.startswith(("vllm:", "folio_engine_"))}
     found |= {name: labels | TARGET_LABELS

@@ -4,7 +4,6 @@ linked to its runbook section."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ import yaml
 
 from tests.chart import helm as h
 from tests.chart.conftest import MATCHER, METRIC_NAME, SUM_BY
+from tests.support.tools import find_tool
 
 FIXTURES = Path(__file__).with_name("alert_tests.yaml")
 RUNBOOKS = h.REPO / "docs" / "runbooks.md"
@@ -22,13 +22,7 @@ RUNBOOKS = h.REPO / "docs" / "runbooks.md"
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    for candidate in (os.environ.get("FOLIO_PROMTOOL"), str(h.REPO / ".venv" / "tools" / "bin" / "promtool")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.fail("promtool not found: `make tools` unpacks Debian's prometheus package into .venv/tools")
-    return found
+    return find_tool("promtool")
 
 
 @pytest.fixture(scope="module")

@@ -11,41 +11,53 @@ from tests.chart import helm as h
 
 Rule = tuple[str, str]  # (apiGroup, resource)
 
-# Every permission the operator holds, and why. A new need is added here on purpose, in review.
+# Every permission the operator holds, and why. A new need is added here on purpose, in review;
+# tests/operator/test_api_calls.py checks these against what the operator really calls.
 ALLOWED: dict[Rule, frozenset[str]] = {
     # kopf: list+watch the custom resource, patch finalizers/annotations, then status on its subresource
     ("serving.folio.dev", "inferenceservices"): frozenset({"get", "list", "watch", "patch"}),
     ("serving.folio.dev", "inferenceservices/status"): frozenset({"patch"}),
     ("serving.folio.dev", "inferenceservices/finalizers"): frozenset({"update"}),  # blockOwnerDeletion
-    # the planner's objects: server-side apply, create where apply cannot, prune; indexed (list+watch)
-    ("apps", "deployments"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("", "services"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("", "serviceaccounts"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("", "persistentvolumeclaims"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("batch", "jobs"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("policy", "poddisruptionbudgets"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("rbac.authorization.k8s.io", "roles"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
-    ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    # the planner's objects: server-side apply (create through apply needs `create`), prune; indexed
+    ("apps", "deployments"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("", "services"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("", "serviceaccounts"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("", "persistentvolumeclaims"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("batch", "jobs"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("policy", "poddisruptionbudgets"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
-    ("", "pods"): frozenset({"get", "list", "watch"}),
-    # held only so that the operator may grant them to each router's Role
-    ("discovery.k8s.io", "endpointslices"): frozenset({"get", "list", "watch"}),
-    ("", "secrets"): frozenset({"get"}),
+    ("", "pods"): frozenset({"list", "watch"}),
     ("", "events"): frozenset({"create"}),
-    # spec.autoscaling.keda: the planner's ScaledObjects
-    ("keda.sh", "scaledobjects"): frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+    # a parity gate's own suite (spec.rollout.parity.configMapRef), read by name
+    ("", "configmaps"): frozenset({"get"}),
+    # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
+    ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    # spec.autoscaling.keda: the planner's ScaledObjects, indexed like the rest (no get)
+    ("keda.sh", "scaledobjects"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }
+# `bind` on exactly one ClusterRole (the chart's router role), never on anything else.
+BIND = ("rbac.authorization.k8s.io", "clusterroles")
 PEERING = {
     False: {("kopf.dev", "kopfpeerings"): frozenset({"get", "list", "watch", "patch"})},
     True: {("kopf.dev", "clusterkopfpeerings"): frozenset({"get", "list", "watch", "patch"})},
 }
-NEVER = {"*", "escalate", "bind", "impersonate", "deletecollection"}
+ROUTER_ROLE: dict[Rule, frozenset[str]] = {
+    ("serving.folio.dev", "inferenceservices"): frozenset({"get", "list", "watch"}),
+    ("discovery.k8s.io", "endpointslices"): frozenset({"get", "list", "watch"}),
+}
+NEVER = {"*", "escalate", "impersonate", "deletecollection"}
 
 
-def granted(role: h.Obj) -> dict[Rule, frozenset[str]]:
+def granted(role: h.Obj, *, bind_to: str | None = None) -> dict[Rule, frozenset[str]]:
     out: dict[Rule, set[str]] = {}
     for rule in role["rules"]:
-        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")
+        assert not rule.get("nonResourceURLs")
+        if (rule["apiGroups"], rule["resources"]) == ([BIND[0]], [BIND[1]]):
+            assert rule["verbs"] == ["bind"] and rule["resourceNames"] == [bind_to], rule
+            continue
+        assert not rule.get("resourceNames") and "bind" not in rule["verbs"], rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 out.setdefault((group, resource), set()).update(rule["verbs"])
@@ -53,7 +65,13 @@ def granted(role: h.Obj) -> dict[Rule, frozenset[str]]:
 
 
 def _role(objects: list[h.Obj]) -> h.Obj:
-    (role,) = h.find(objects, "Role") + h.find(objects, "ClusterRole")
+    (role,) = [r for r in h.find(objects, "Role") + h.find(objects, "ClusterRole")
+               if not r["metadata"]["name"].endswith("-router")]
+    return role
+
+
+def _router_role(objects: list[h.Obj]) -> h.Obj:
+    (role,) = [r for r in h.find(objects, "ClusterRole") if r["metadata"]["name"].endswith("-router")]
     return role
 
 
@@ -70,7 +88,8 @@ def test_rules_are_exactly_the_allow_list(rendered: dict[str, list[h.Obj]], name
                                           peering: bool) -> None:
     role = _role(rendered[name])
     expected = {**ALLOWED, **(PEERING[clusterwide] if peering else {})}
-    assert granted(role) == expected
+    router_role = _router_role(rendered[name])["metadata"]["name"]
+    assert granted(role, bind_to=router_role) == expected
     for rule in role["rules"]:
         assert not NEVER & set(rule["verbs"]) and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
 
@@ -98,8 +117,9 @@ def test_cluster_scope_only_for_all_namespaces(rendered: dict[str, list[h.Obj]],
                                     "namespace": h.NAMESPACE}]
     pod = h.one(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
-    if kind == "Role":
-        assert not h.find(objects, "ClusterRole") and not h.find(objects, "ClusterRoleBinding")
+    if kind == "Role":  # the one cluster-scoped object is the routers' role, bound per namespace
+        assert [r["metadata"]["name"] for r in h.find(objects, "ClusterRole")] == [f"{h.RELEASE}-router"]
+        assert not h.find(objects, "ClusterRoleBinding")
 
 
 def test_every_kind_the_executor_manages_is_granted() -> None:
@@ -108,13 +128,14 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("v1", "ServiceAccount"): ("", "serviceaccounts"),
         ("v1", "PersistentVolumeClaim"): ("", "persistentvolumeclaims"), ("batch/v1", "Job"): ("batch", "jobs"),
         ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
-        ("rbac.authorization.k8s.io/v1", "Role"): ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
+        ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
+        ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
         ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:
-        assert {"get", "list", "watch", "create", "patch", "delete"} <= ALLOWED[plurals[kind]]
+        assert {"list", "watch", "create", "patch", "delete"} <= ALLOWED[plurals[kind]]
 
 
 def test_every_kind_the_operator_indexes_may_be_watched() -> None:
@@ -126,17 +147,21 @@ def test_every_kind_the_operator_indexes_may_be_watched() -> None:
         assert {"list", "watch"} <= ALLOWED[(group, PLURALS[(api_version, kind)])], kind
 
 
-def test_operator_can_grant_the_router_role(rendered: dict[str, list[h.Obj]]) -> None:
-    """RBAC refuses to create a Role granting more than its creator holds: check the planner's router Role."""
+@pytest.mark.parametrize("name", ["defaults", "all-namespaces"])
+def test_operator_binds_the_charts_router_role(rendered: dict[str, list[h.Obj]], name: str) -> None:
+    """The planner's RoleBinding refers to the ClusterRole the chart makes, which the operator may bind."""
     spec = InferenceServiceSpec.model_validate({
         "model": {"source": "hf://org/model", "revision": "0" * 40},
         "overflow": {"url": "https://api.example", "apiKeySecretRef": {"name": "overflow-key"}},
     })
-    objects = router_objects(Owner("chat", "models", "uid-1"), spec, PlanSettings())
-    (router_role,) = [o for o in objects if o["kind"] == "Role"]
-    held = granted(_role(rendered["defaults"]))
-    for rule in router_role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                missing = set(rule["verbs"]) - held.get((group, resource), frozenset())
-                assert not missing, f"operator cannot grant {sorted(missing)} on {group or 'core'}/{resource}"
+    router_role = _router_role(rendered[name])
+    assert granted(router_role) == ROUTER_ROLE  # no Secret: the overflow key is a mounted volume
+    deployment = h.one(rendered[name], "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--router-cluster-role={router_role['metadata']['name']}" in args
+    settings = PlanSettings(router_cluster_role=router_role["metadata"]["name"])
+    objects = router_objects(Owner("chat", "models", "uid-1"), spec, settings)
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": router_role["metadata"]["name"]}
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole")]

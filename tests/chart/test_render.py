@@ -94,6 +94,8 @@ def test_operator_args_are_accepted_by_folio_operator(rendered: dict[str, list[h
     assert (parsed("peering-namespaced").namespace, parsed("peering-namespaced").peering) == (["models"], "folio")
     assert (parsed("peering-cluster").all_namespaces, parsed("peering-cluster").peering) == (True, "folio-ha")
     assert parsed("observability").verbose is True  # from extraArgs
+    assert (defaults.inference_pool, defaults.endpoint_picker_port) == (False, 9002)
+    assert (parsed("observability").inference_pool, parsed("observability").endpoint_picker_port) == (True, 9100)
 
 
 def test_operator_deployment_wiring(rendered: dict[str, list[h.Obj]]) -> None:

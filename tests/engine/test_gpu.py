@@ -18,6 +18,7 @@ import torch
 from folio.engine import LLM, SamplingParams
 from folio.engine.model_runner import ModelRunner
 from tests.engine.test_cuda_graphs import BLOCK_SIZE, check_padding_writes_no_kv, mixed_workload
+from tests.support.models import make_tiny_llama
 
 pytestmark = pytest.mark.gpu
 
@@ -98,3 +99,40 @@ def test_smollm2_graphs_match_enforce_eager(smollm2_dir: Path) -> None:
     expected = _tokens(eager, prompts, params)
     del eager
     assert _tokens(_cuda_llm(smollm2_dir), prompts, params) == expected
+
+
+def _compiled(kernel: object) -> int:
+    """How many variants of a Triton kernel this process has compiled (``device_caches``: Triton 3.x)."""
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())  # type: ignore[attr-defined]
+
+
+def _long_context_model(tmp_path: Path) -> Path:
+    return make_tiny_llama(tmp_path, num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
+                           max_position_embeddings=8192)
+
+
+def test_no_triton_compile_after_start_up(tmp_path: Path) -> None:
+    from folio.kernels import decode_attention_triton, prefill_attention_triton
+
+    kernels = {"decode": decode_attention_triton._decode_kernel, "merge": decode_attention_triton._merge_kernel,
+               "prefill": prefill_attention_triton._prefill_kernel}
+    llm = _cuda_llm(_long_context_model(tmp_path), enforce_eager=True, max_model_len=8192,
+                    kv_cache_memory_gib=None, gpu_memory_utilization=0.5)
+    after_start = {name: _compiled(k) for name, k in kernels.items()}
+    vocab = llm.llm_engine.model_config.vocab_size
+    # batches of 1..16 over contexts from a few tokens to ~6k, prefills and decodes interleaved
+    for batch, length in [(1, 3), (16, 40), (4, 700), (2, 3000), (1, 6000), (9, 250)]:
+        prompts = [[(7 * i + j) % vocab for i in range(length)] for j in range(batch)]
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert {name: _compiled(k) for name, k in kernels.items()} == after_start
+
+
+def test_profiled_sizing_holds_a_max_model_len_prompt_at_0_9(tmp_path: Path) -> None:
+    from folio.engine.memory_profile import CudaMemory
+
+    llm = _cuda_llm(_long_context_model(tmp_path), max_model_len=8192, enable_chunked_prefill=False,
+                    kv_cache_memory_gib=None, gpu_memory_utilization=0.9, max_num_seqs=256)
+    meter = CudaMemory(torch.device("cuda"))
+    meter.reset_peak()
+    llm.generate([[5] * 8191], SamplingParams(temperature=0.0, max_tokens=1))
+    assert meter.peak() <= 0.9 * meter.total()

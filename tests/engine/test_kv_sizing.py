@@ -1,35 +1,93 @@
-"""KV cache sizing: the activation reserve covers the largest step the scheduler can run, which without
-chunked prefill is a whole max_model_len prompt (it assumed 2048 tokens whatever the setting)."""
+"""KV cache sizing from a profiling step (`folio.engine.memory_profile`), tested on the CPU through the
+same accounting the GPU uses: the process's resident memory stands in for the device's."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from pathlib import Path
 
+import pytest
 import torch
 
+from folio.engine import memory_profile
 from folio.engine.config import EngineConfig
-from folio.engine.llm_engine import LLMEngine, step_token_budget
+from folio.engine.llm import LLM
+from folio.engine.llm_engine import step_token_budget
+from folio.engine.memory_profile import CpuMemory
+from folio.engine.sampling_params import SamplingParams
+from tests.support.models import make_tiny_llama
 
-# Llama-3-8B's shapes: only these fields enter the reserve
-LLAMA3_8B = SimpleNamespace(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, head_dim=128,
-                            vocab_size=128256, max_model_len=32768)
-
-
-def reserve(**settings: object) -> int:
-    config = EngineConfig(model="unused", **settings)  # type: ignore[arg-type]
-    engine = SimpleNamespace(config=config, dtype=torch.bfloat16)
-    return LLMEngine._activation_reserve(engine, LLAMA3_8B)  # type: ignore[arg-type]
+MAX_LEN = 4096
+MIB = 1 << 20
 
 
-def test_the_step_budget_is_a_whole_prompt_without_chunked_prefill() -> None:
-    assert step_token_budget(EngineConfig(model="unused", enable_chunked_prefill=False), LLAMA3_8B) == 32768
-    assert step_token_budget(EngineConfig(model="unused"), LLAMA3_8B) == 2048
-    assert step_token_budget(EngineConfig(model="unused", max_num_batched_tokens=8192), LLAMA3_8B) == 8192
+def test_the_step_budget_is_a_whole_prompt_without_chunked_prefill(tmp_path: Path) -> None:
+    cfg = type("Cfg", (), {"max_model_len": 32768})()
+    assert step_token_budget(EngineConfig(model="unused", enable_chunked_prefill=False), cfg) == 32768
+    assert step_token_budget(EngineConfig(model="unused"), cfg) == 2048
+    assert step_token_budget(EngineConfig(model="unused", max_num_batched_tokens=8192), cfg) == 8192
 
 
-def test_the_reserve_covers_a_max_model_len_prefill_with_chunking_off() -> None:
-    chunked, whole = reserve(), reserve(enable_chunked_prefill=False)
-    # a bf16 step of Llama-3-8B holds at least its hidden states, MLP activations and q/k/v per token, twice
-    # over (input and output of each op): the 30720 tokens more than a chunked step must be covered
-    per_token = (4 * 4096 + 3 * 14336 + 3 * 32 * 128) * 2
-    assert whole - chunked >= 2 * (32768 - 2048) * per_token
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # wide enough that a 4k-token step's activations (tens of MiB) stand out of the resident set's noise
+    return make_tiny_llama(tmp_path_factory.mktemp("wide"), hidden_size=256, intermediate_size=2048,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
+                           max_position_embeddings=MAX_LEN)
+
+
+def pretend_device(monkeypatch: pytest.MonkeyPatch, headroom: int) -> CpuMemory:
+    """A 'device' of the process's current resident set plus ``headroom``, measured as the GPU would be."""
+    meter = CpuMemory(total=CpuMemory().in_use() + headroom)
+    monkeypatch.setattr(memory_profile, "meter_for", lambda device: meter)
+    return meter
+
+
+def test_a_max_model_len_prefill_without_chunking_stays_within_the_budget(
+    wide_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meter = pretend_device(monkeypatch, 600 * MIB)
+    llm = LLM(str(wide_model), device="cpu", max_model_len=MAX_LEN, enable_chunked_prefill=False,
+              gpu_memory_utilization=0.9, max_num_seqs=256)
+    engine = llm.llm_engine
+    cache_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in engine.runner.kv_caches)
+    assert engine.block_manager.num_blocks > 2 * -(-MAX_LEN // engine.config.block_size)  # the budget binds
+    limit = 0.9 * meter.total()
+    # the cache took what the profile left: weights and cache (resident now) leave the activations' room
+    assert cache_bytes > 100 * MIB and meter.in_use() < limit
+
+    meter.reset_peak()
+    prompt = [(7 * i) % 4096 for i in range(MAX_LEN - 1)]  # the longest prompt, one step (chunking off)
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    assert len(out[0].outputs[0].token_ids) == 1
+    # a few MiB of slack for the interpreter's own allocations between the profile and now
+    peak = meter.peak()
+    assert peak <= limit + 8 * MIB, f"peak {peak / MIB:.1f} MiB over the limit {limit / MIB:.1f} MiB"
+
+
+def test_profiling_leaves_sampling_as_it_was(wide_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_k=20)
+    fixed = LLM(str(wide_model), device="cpu", max_model_len=512, kv_cache_memory_gib=0.05, seed=3)
+    expected = [o.outputs[0].token_ids for o in fixed.generate(["ab", "cd"], params)]
+    pretend_device(monkeypatch, 400 * MIB)
+    profiled = LLM(str(wide_model), device="cpu", max_model_len=512, seed=3)
+    assert profiled.llm_engine.block_manager.num_blocks != fixed.llm_engine.block_manager.num_blocks
+    assert [o.outputs[0].token_ids for o in profiled.generate(["ab", "cd"], params)] == expected
+
+
+def test_a_budget_the_weights_and_activations_exhaust_is_refused(
+    wide_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pretend_device(monkeypatch, 1 * MIB)
+    with pytest.raises(ValueError, match="does not hold one block"):
+        LLM(str(wide_model), device="cpu", max_model_len=MAX_LEN, enable_chunked_prefill=False)
+
+
+def test_the_profile_batch_is_the_largest_step() -> None:
+    batch = memory_profile.profile_batch(2048, 3, vocab_size=100, block_size=16)
+    assert [item.num_tokens for item in batch] == [683, 683, 682]
+    assert all(item.samples and len(item.seq.block_table) * 16 >= item.num_tokens for item in batch)
+    assert all(0 <= t < 100 for item in batch for t in item.seq.token_ids)
+
+
+def test_the_cuda_meter_is_used_only_on_cuda() -> None:
+    assert memory_profile.meter_for(torch.device("cpu")) is None

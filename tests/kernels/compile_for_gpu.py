@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 assert not os.environ.get("TRITON_INTERPRET"), "run without TRITON_INTERPRET: the kernels must be JITFunctions"
 
@@ -27,8 +28,7 @@ BACKEND = make_backend(TARGET)
 
 
 def _compile_instead_of_launch(self: JITFunction, *args: object, grid: object, warmup: bool, **kwargs: object) -> None:
-    binder = create_function_from_signature(self.signature, self.params, BACKEND)
-    bound_args, specialization, options = binder(*args, **kwargs)
+    bound_args, specialization, options = specialize(self, *args, **kwargs)
     options, signature, constexprs, attrs = self._pack_args(BACKEND, kwargs, bound_args, specialization, options)
     kernel = compile(ASTSource(self, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
     assert "cubin" in kernel.asm, f"{self.__name__}: no cubin produced"
@@ -53,11 +53,10 @@ def _ptxas_usage(ptx: str) -> str:
     return f"{regs.group(1) if regs else '?'} registers, {spills.group(1) if spills else '?'} B spilled"
 
 
-def main() -> int:
+def intercept_launches(hook: Callable[..., None]) -> None:
+    """Every Triton launch calls ``hook(jit_function, *args, grid=, warmup=, **kwargs)`` instead, on CPU
+    tensors (the launchers' device check is lifted)."""
     import folio.kernels._backend as backend_module
-
-    JITFunction.run = _compile_instead_of_launch  # type: ignore[method-assign]
-    backend_module.ensure_launchable = lambda kernel, device: None  # type: ignore[assignment]
     from folio.kernels import (
         decode_attention_triton,
         kv_store_triton,
@@ -65,14 +64,26 @@ def main() -> int:
         rms_norm_triton,
         rotary_triton,
     )
+
+    JITFunction.run = hook  # type: ignore[method-assign]
+    backend_module.ensure_launchable = lambda kernel, device: None  # type: ignore[assignment]
+    for module in (decode_attention_triton, kv_store_triton, prefill_attention_triton, rms_norm_triton, rotary_triton):
+        module.ensure_launchable = backend_module.ensure_launchable  # type: ignore[attr-defined]
+
+
+def specialize(fn: JITFunction, *args: object, **kwargs: object) -> tuple[object, object, object]:
+    """``(bound_args, specialization, options)`` exactly as Triton's JIT derives them for these arguments."""
+    binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+    return binder(*args, **kwargs)
+
+
+def main() -> int:
+    intercept_launches(_compile_instead_of_launch)
     from folio.kernels.decode_attention import paged_decode_attention
     from folio.kernels.kv_store import store_kvcache
     from folio.kernels.prefill_attention import paged_prefill_attention
     from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
     from folio.kernels.rotary import apply_rotary_embedding, rope_cos_sin_cache
-    for module in (decode_attention_triton, kv_store_triton, prefill_attention_triton, rms_norm_triton, rotary_triton):
-        module.ensure_launchable = backend_module.ensure_launchable  # type: ignore[attr-defined]
-
     bf16 = torch.bfloat16
     # Llama-3-8B-like attention (32 query heads, 8 KV heads, head_dim 128) in bfloat16, block size 16.
     k_cache = torch.zeros(64, 16, 8, 128, dtype=bf16)

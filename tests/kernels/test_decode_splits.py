@@ -12,6 +12,8 @@ from folio.kernels.decode_attention_triton import (
     MIN_SPLIT_TOKENS,
     choose_num_splits,
     launch_decode,
+    reachable_num_splits,
+    warm_up_decode,
 )
 from tests.kernels.paged import TOL, make_paged_kv
 
@@ -55,3 +57,21 @@ def test_split_counts_are_few_powers_of_two() -> None:
               for batch in range(1, 65) for kv_heads in (1, 2, 4, 8) for bound in range(1, 20000, 97)}
     assert all(c & (c - 1) == 0 and 1 <= c <= MAX_SPLITS for c in counts)
     assert len(counts) <= 6
+
+
+@pytest.mark.parametrize(("sms", "kv_heads", "bound"), [(132, 8, 8192), (132, 1, 131072), (16, 4, 4096), (8, 8, 4096)])
+def test_the_warm_up_reaches_every_split_count_the_engine_can_choose(
+    monkeypatch: pytest.MonkeyPatch, sms: int, kv_heads: int, bound: int
+) -> None:
+    from folio.kernels import decode_attention_triton
+
+    monkeypatch.setattr(decode_attention_triton, "sm_count", lambda device: sms)
+    cpu = torch.device("cpu")
+    chosen = {choose_num_splits(batch, kv_heads, context, cpu)
+              for batch in range(1, 65) for context in range(1, bound + 1, 37)}
+    assert set(reachable_num_splits(kv_heads, bound, cpu)) == chosen
+
+
+def test_the_warm_up_launches_each_reachable_variant(device: torch.device) -> None:
+    counts = warm_up_decode(4, 2, 16, 16, torch.float32, device, max_context_len=4096)
+    assert counts == reachable_num_splits(2, 4096, device) and counts[0] == 1 and len(counts) > 1

@@ -176,7 +176,8 @@ async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 10.0, w
 
 
 @contextlib.asynccontextmanager
-async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = RESYNC_S) -> AsyncIterator[None]:
+async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = RESYNC_S,
+                           **context: Any) -> AsyncIterator[None]:
     """The real registry, settings and handlers, logged in to the emulator; stopped on exit.
 
     kopf runs in its own thread and event loop, as in production: on exit it cancels every task
@@ -194,7 +195,7 @@ async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = R
     # the namespace names as given (it still needs the namespaces resource to be discoverable).
     settings.scanning.disabled = True
     ctx = Context(kube=Kube.for_url(str(server.url)), plan_settings=PlanSettings(image="folio:test"),
-                  resync_s=resync_s)
+                  resync_s=resync_s, **context)
     stop = threading.Event()
     failure: list[BaseException] = []
 

@@ -1,5 +1,5 @@
 """The operator's autoscaler against kmock: up on the routers' in-flight, down after the delay, to zero,
-back up when a router holding requests asks."""
+back up when asked (the scale-up annotation) and when a router holds requests (its held gauge)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ class FakeRouterPod:
             self.metrics.attempt_abandoned("r")
             self.in_flight -= 1
 
+    def set_held(self, n: int) -> None:
+        self.metrics.held.labels(self.metrics.isvc).set(n)
+
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain")
 
@@ -74,7 +77,7 @@ def router_pod(port: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def test_replicas_follow_in_flight_scale_to_zero_and_come_back_when_asked(cluster: Cluster) -> None:
+async def test_replicas_follow_in_flight_scale_to_zero_and_come_back_when_asked_or_held(cluster: Cluster) -> None:
     manifest = isvc_manifest(replicas=1, autoscaling=AUTOSCALING)
     fake = FakeRouterPod()
     async with fake.running() as port, running_operator(cluster.server):
@@ -119,6 +122,14 @@ async def test_replicas_follow_in_flight_scale_to_zero_and_come_back_when_asked(
             return SCALE_UP_ANNOTATION not in ((await cluster.isvc())["metadata"].get("annotations") or {})
 
         await eventually(annotation_removed, what="the scale-up annotation removed")
+
+        # Back to zero; then a router holding requests is the ask: its held gauge, read at the next look.
+        await cluster.set_status("apps/v1", "Deployment", f"chat-{rev}", {"readyReplicas": 1, "replicas": 1})
+        await eventually(lambda: replicas(0), what="scaled to zero again")
+        await cluster.set_status("apps/v1", "Deployment", f"chat-{rev}", {"readyReplicas": 0, "replicas": 0})
+        fake.set_held(3)
+        auto = await eventually(lambda: replicas(2), what="scaled up from zero for the held requests")
+        assert auto["value"] == 3, auto  # in flight 0 plus 3 held, at target 2
 
 
 async def _reason_has(cluster: Cluster, text: str) -> bool:

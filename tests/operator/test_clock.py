@@ -74,8 +74,8 @@ async def test_a_drain_ends_when_it_is_due(cluster: Cluster) -> None:
         assert time.monotonic() - promoted >= 1.0
 
 
-async def test_canary_steps_end_when_their_pause_ends(cluster: Cluster) -> None:
-    """Steps of 2 s with analysis every second: promoted in seconds, although nothing resyncs for an hour."""
+async def router_pod(cluster: Cluster) -> RouterMetrics:
+    """A router pod whose /metrics (served by the emulator's HTTP server) the test writes."""
     router = RouterMetrics("chat")
     cluster.server["get /metrics"] << (lambda: router.render())
     port = cluster.server.url.port
@@ -85,6 +85,12 @@ async def test_canary_steps_end_when_their_pause_ends(cluster: Cluster) -> None:
         "spec": {"containers": [{"name": "router", "ports": [{"name": "http", "containerPort": port}]}]},
         "status": {"phase": "Running", "podIP": "127.0.0.1"},
     })  # fmt: skip
+    return router
+
+
+async def test_canary_steps_end_when_their_pause_ends(cluster: Cluster) -> None:
+    """Steps of 2 s with analysis every second: promoted in seconds, although nothing resyncs for an hour."""
+    router = await router_pod(cluster)
     rollout = {"steps": [{"weight": 10, "pause": "2s"}, {"weight": 50, "pause": "2s"}],
                "analysis": {"interval": "1s", "minRequests": 1}, "drainPeriod": "0s"}
     seen: set[int] = set()
@@ -104,6 +110,92 @@ async def test_canary_steps_end_when_their_pause_ends(cluster: Cluster) -> None:
                 await eventually(promoted, timeout=30, what="the canary walking both steps")
     assert {10, 50, 100} <= seen
     assert time.monotonic() - started >= 4.0 - 2.0  # two pauses of 2 s (timestamps: 1 s resolution each)
+
+
+async def test_a_failing_canary_is_rolled_back_on_the_analysis_clock(cluster: Cluster) -> None:
+    """Rolled back within failureLimit × interval + 2 s of taking traffic: samples come at the interval
+    from when the canary took traffic, not at the resync (an hour here)."""
+    router = await router_pod(cluster)
+    interval, failure_limit = 2.0, 2
+    rollout = {"steps": [{"weight": 50, "pause": "1h"}],
+               "analysis": {"interval": f"{interval:g}s", "failureLimit": failure_limit, "minRequests": 5}}
+    await cluster.create_isvc(isvc_manifest(rollout=rollout))
+    async with running_operator(cluster.server, resync_s=HOUR):
+        old = await serve_first_revision(cluster, isvc_manifest(rollout=rollout))
+        async with SplitLoad(cluster, router, old, canary_error_rate=0.5) as load:
+            new = await start_canary(cluster, rollout)
+            await eventually(lambda: load.canary_served(), timeout=15, what="the canary taking traffic")
+            await eventually(lambda: load.canary_gone(), timeout=30, what="the rollback")
+        [failed] = (await cluster.isvc())["status"]["failedRevisions"]
+    assert failed["revision"] == new and failed["reason"] == "AnalysisFailed"
+    elapsed = load.canary_seconds()
+    print(f"rolled back {elapsed:.2f} s after the canary took traffic (interval {interval:g}s, "
+          f"failureLimit {failure_limit}: due at {failure_limit * interval:g} s)")
+    assert elapsed <= failure_limit * interval + 2.0
+
+
+class SplitLoad:
+    """What the router pod reports while it follows status.traffic: 20 requests a second, split by
+    the weights it last read, the canary failing ``canary_error_rate`` of its own."""
+
+    TICK_S = 0.05
+
+    def __init__(self, cluster: Cluster, router: RouterMetrics, stable: str, *, canary_error_rate: float) -> None:
+        self.cluster, self.router, self.stable, self.error_rate = cluster, router, stable, canary_error_rate
+        self.first_canary: float | None = None  # monotonic: when the router first sent the canary traffic
+        self.last_canary: float | None = None  # ...and when it last did, before it stopped
+        self.stopped = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        sent = {"stable": 0.0, "canary": 0.0}
+        failures = 0.0
+        while True:
+            weights = await traffic(self.cluster)
+            canary = next((rev for rev, w in weights.items() if rev != self.stable and w > 0), None)
+            now = time.monotonic()
+            if canary is not None:
+                self.first_canary = self.first_canary or now
+                self.last_canary = now
+            elif self.first_canary is not None:
+                self.stopped = True
+            share = weights.get(canary, 0) / 100 if canary else 0.0
+            for rev, part in ((self.stable, 1.0 - share), (canary, share)):
+                if rev is None:
+                    continue
+                key = "stable" if rev == self.stable else "canary"
+                sent[key] += part
+                while sent[key] >= 1.0:  # whole requests, in the weights' proportion
+                    sent[key] -= 1.0
+                    code = "200"
+                    if key == "canary":
+                        failures += self.error_rate
+                        if failures >= 1.0:
+                            failures, code = failures - 1.0, "500"
+                    self.router.attempt_started(rev)
+                    self.router.attempt_finished(rev, code, 0.01)
+                    self.router.first_byte(rev, 0.005)
+            await asyncio.sleep(self.TICK_S)
+
+    async def canary_served(self) -> bool:
+        return self.first_canary is not None
+
+    async def canary_gone(self) -> bool:
+        return self.stopped
+
+    def canary_seconds(self) -> float:
+        assert self.first_canary is not None and self.last_canary is not None and self.stopped
+        return self.last_canary - self.first_canary
+
+    async def __aenter__(self) -> SplitLoad:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
 
 @contextlib.asynccontextmanager

@@ -37,8 +37,9 @@ async def test_create_makes_every_child_and_reports_ready(cluster: Cluster) -> N
         assert set(children) == {
             ("Deployment", f"chat-{rev}"), ("Service", f"chat-{rev}"), ("Job", f"chat-prepull-{rev}"),
             ("PersistentVolumeClaim", "chat-weights"), ("Deployment", "chat"), ("Service", "chat"),
-            ("ServiceAccount", "chat-router"), ("Role", "chat-router"), ("RoleBinding", "chat-router"),
+            ("ServiceAccount", "chat-router"), ("RoleBinding", "chat-router"),
             ("PodDisruptionBudget", "chat-engine"), ("PodDisruptionBudget", "chat-router"),
+            ("NetworkPolicy", "chat-engine"),
         }
         for obj in children.values():
             (owner,) = obj["metadata"]["ownerReferences"]

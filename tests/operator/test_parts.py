@@ -160,6 +160,16 @@ def test_an_immutable_job_is_replaced() -> None:
                           ("apply", "chat-prepull-r1"), ("create", "chat-prepull-r1")]
 
 
+def test_a_router_role_binding_with_an_old_role_ref_is_replaced() -> None:
+    """An older operator bound each router to a Role of its own; roleRef is immutable (422 on apply)."""
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "chat-router", "namespace": "ml"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "folio-router"}}
+    kube = FakeKube(apply_errors=[422])
+    assert apply_one(kube, binding) is False
+    assert kube.calls == [("apply", "chat-router"), ("delete", "chat-router"), ("apply", "chat-router")]
+
+
 def test_apply_plan_skips_what_is_in_place_and_prunes_what_is_not_planned() -> None:
     in_place = obj("Deployment", "chat", replicas=2)
     live_in_place = {**in_place, "status": {"readyReplicas": 2},

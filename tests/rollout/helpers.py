@@ -11,6 +11,7 @@ from folio.operator.spec import (
     AnalysisSample,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    ParityReport,
     now_iso,
     revision_name,
 )
@@ -63,9 +64,11 @@ class Sim:
         *,
         analysis: AnalysisSample | None = None,
         overrides: frozenset[str] = frozenset(),
+        parity: ParityReport | None = None,
     ) -> Decision:
         self.now += timedelta(seconds=seconds)
-        observed = Observed(now=self.now, revisions=dict(self.facts), analysis=analysis, overrides=overrides)
+        observed = Observed(now=self.now, revisions=dict(self.facts), analysis=analysis, overrides=overrides,
+                            parity=parity)
         self.last = advance(self.spec, self.generation, self.status, observed)
         self.status = self.last.status
         self.events += self.last.events

@@ -27,9 +27,9 @@ class RouterUnderTest:
         value = self.app.metrics.registry.get_sample_value(name, {"isvc": "chat", **labels})
         return value or 0.0
 
-    async def complete(self, stream: bool = False, **headers: str) -> httpx.Response:
+    async def complete(self, stream: bool = False, prompt: str = "hi", **headers: str) -> httpx.Response:
         return await self.client.post(
-            "/v1/completions", json={"model": "m", "prompt": "hi", "stream": stream}, headers=headers
+            "/v1/completions", json={"model": "m", "prompt": prompt, "stream": stream}, headers=headers
         )
 
 

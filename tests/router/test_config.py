@@ -61,13 +61,15 @@ def test_bad_configs_say_what_is_wrong(text: str, fragment: str) -> None:
     ("part", "fragment"),
     [({"overflow": {"url": "ftp://x"}}, "overflow ignored: overflow.url"),
      ({"overflow": {"url": "api.example.com"}}, "overflow ignored"),
-     ({"shadow": {"percent": -1}}, "shadow ignored: shadow.percent")],
+     ({"shadow": {"percent": -1}}, "shadow ignored: shadow.percent"),
+     ({"requestTimeout": "0s"}, "requestTimeout ignored: requestTimeout: Value error, the duration must be positive"),
+     ({"requestTimeout": "soon"}, "requestTimeout ignored")],
 )
 def test_a_bad_optional_part_is_dropped_and_reported_not_fatal(part: dict, fragment: str) -> None:
     base = {"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": ["http://127.0.0.1:9001"]}}
     cfg = RouterConfig.parse({**base, **part})
     assert [t.revision for t in cfg.traffic] == ["r1"] and cfg.endpoints == base["endpoints"]
-    assert cfg.overflow is None and cfg.shadow is None
+    assert cfg.overflow is None and cfg.shadow is None and cfg.request_timeout_seconds == 60.0
     assert len(cfg.problems) == 1 and fragment in cfg.problems[0]
     assert "problems" not in cfg.to_wire()
 

@@ -14,6 +14,7 @@ async def test_failing_replica_is_ejected_and_returns(router: RouterFactory) -> 
         router(
             traffic=[{"revision": "r1", "weight": 100}],
             endpoints={"r1": [good.url, sick.url]},
+            loadBalancing={"strategy": "LeastLoaded"},  # alike requests spread, so both get some
             app_options={"health_interval": 0.02},
         ) as r,
     ):

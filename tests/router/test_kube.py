@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -86,12 +85,9 @@ async def cluster(kmock: Any) -> Any:
         yield Cluster(session)
 
 
-async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Cluster) -> None:
-    key = base64.b64encode(b"sk-overflow\n").decode()
-    await cluster.create(f"/api/v1/namespaces/{NS}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "remote", "namespace": NS, "resourceVersion": "1"},
-        "data": {"apikey": key},
-    })  # fmt: skip
+async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Cluster, tmp_path: Path) -> None:
+    key_file = tmp_path / "api-key"  # where the pod mounts the Secret's key (no Secret read through the API)
+    key_file.write_text("sk-overflow\n")
     await cluster.create(ISVC_PATH, isvc(
         [{"revision": "aaa", "weight": 90}, {"revision": "bbb", "weight": 10}], "aaa", "bbb",
         overflow={"url": "https://remote.example/v1", "apiKeySecretRef": {"name": "remote", "key": "apikey"}},
@@ -107,7 +103,7 @@ async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Clus
     await cluster.create(SLICES_PATH, endpoint_slice("other-aaa-x1", "other-aaa", 8000, ("10.9.9.9", True)))
 
     seen: list[RouterConfig] = []
-    source = KubernetesSource("chat", NS, AsyncKube(str(kmock.url)), retry_max_s=0.1)
+    source = KubernetesSource("chat", NS, AsyncKube(str(kmock.url)), retry_max_s=0.1, overflow_key_file=key_file)
     task = asyncio.create_task(source.run(seen.append))
     try:
         await until(lambda: bool(seen) and seen[-1].endpoints.get("bbb") == ["http://[fd00::5]:8000"],

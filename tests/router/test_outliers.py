@@ -98,10 +98,13 @@ def test_load_shedding_never_counts():
 
 
 def test_forget_drops_replicas_that_left():
-    d, _, _ = detector(consecutive_errors=1)
+    d, _, changes = detector(consecutive_errors=1)
     fail(d, "a", 1)
     d.forget({"b"})
     assert not d.ejected("a") and d.usable("a")
+    assert changes == [("a", True), ("a", False)]  # the ejected gauge of a gone replica does not stay at 1
+    d.forget(set())
+    assert len(changes) == 2
 
 
 def test_router_config_takes_the_spec_object_and_drops_a_bad_one():

@@ -97,16 +97,19 @@ async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) 
         assert r.metric(m.REQUESTS, revision="r1", code="200") == 20
 
 
-async def test_failing_stable_replica_is_ejected_and_costs_no_errors(router: RouterFactory) -> None:
+@pytest.mark.parametrize("strategy", ["PrefixHash", "LeastLoaded"])
+async def test_failing_stable_replica_is_ejected_and_costs_no_errors(router: RouterFactory, strategy: str) -> None:
     good, bad = FakeUpstream("r1"), FakeUpstream("r1", status=500)
     async with (
         serving(good, bad),
         router(
             traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [good.url, bad.url]},
             outlierDetection={"consecutiveErrors": 3, "baseEjectionTime": "300s"},
+            loadBalancing={"strategy": strategy},
         ) as r,
     ):  # fmt: skip
-        statuses = [(await r.complete()).status_code for _ in range(30)]
+        # distinct prompts: with PrefixHash each has its own place on the ring, so some land on `bad`
+        statuses = [(await r.complete(prompt=f"question {i}")).status_code for i in range(30)]
         assert statuses == [200] * 30  # every failed attempt was retried on the other replica
         assert len(bad.seen) == 3  # then it was out of rotation
         assert r.metric(m.EJECTIONS, revision="r1", replica=bad.url) == 1
@@ -340,8 +343,11 @@ async def test_fewest_in_flight_replica_gets_the_next_request(router: RouterFact
     busy, idle = FakeUpstream("busy", hold=asyncio.Event()), FakeUpstream("idle")
     async with (
         serving(busy, idle),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [busy.url, idle.url]}) as r,
-    ):
+        router(
+            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [busy.url, idle.url]},
+            loadBalancing={"strategy": "LeastLoaded"},
+        ) as r,
+    ):  # fmt: skip
         pending = []
         while not busy.seen:  # park one request on `busy` (ties between idle replicas rotate)
             pending.append(asyncio.create_task(r.complete()))
@@ -382,3 +388,38 @@ async def test_oversized_body_is_413(router: RouterFactory) -> None:
         assert _openai_error(resp)["code"] == "body_too_large"
         assert (await r.client.post("/v1/completions", json={"prompt": "x" * 100})).status_code == 200
         assert len(up.seen) == 1
+
+
+async def test_shadow_answers_are_compared_with_the_primary(router: RouterFactory) -> None:
+    stable, canary = FakeUpstream("r1"), FakeUpstream("r2")
+    async with (
+        serving(stable, canary),
+        router(
+            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+            endpoints={"r1": [stable.url], "r2": [canary.url]},
+            stable="r1",
+            shadow={"percent": 100},
+        ) as r,
+    ):
+        async def send(stream: bool = False, **sampling: object) -> None:
+            body = {"model": "m", "prompt": "hi", "stream": stream, **sampling}
+            assert (await r.client.post("/v1/completions", json=body)).status_code == 200
+
+        def count(result: str) -> float:
+            return r.metric(m.SHADOW_COMPARISONS, revision="r2", result=result)
+
+        for _ in range(3):
+            await send(temperature=0)
+        await send(stream=True, seed=7)
+        await until(lambda: count("match") == 4, what="four matching comparisons")
+        await send(temperature=0.7)  # not reproducible: mirrored, not compared
+        await until(lambda: r.metric(m.SHADOW_REQUESTS, revision="r2", code="200") == 5, what="the fifth mirror")
+        canary.text = "something else"
+        await send(temperature=0)
+        await send(stream=True, temperature=0)
+        await until(lambda: count("mismatch") == 2, what="two mismatches")
+        canary.status = 500
+        await send(temperature=0)
+        await until(lambda: count("error") == 1, what="a failed canary answer")
+        assert count("match") == 4
+        assert r.metric(f"{m.SHADOW_LATENCY_DIFFERENCE}_count", revision="r2") == 7

@@ -34,8 +34,12 @@ class FakeUpstream:
     health_status: int = 200
     gate: asyncio.Event | None = None  # streaming: hold the rest of the stream until set
     hold: asyncio.Event | None = None  # hold every completion (before headers) until set
+    hold_body: asyncio.Event | None = None  # streaming: send the headers, hold the first chunk until set
     break_stream: bool = False  # streaming: drop the connection after the first chunk
+    metrics: str = ""  # the /metrics page (Prometheus text), as an engine would expose its load
+    metrics_status: int = 200
     seen: list[Seen] = field(default_factory=list)
+    text: str = "hi"  # each choice's text (shadow comparison tells answers apart by it)
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
 
@@ -45,7 +49,11 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics, status=self.metrics_status, content_type="text/plain")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -57,9 +65,12 @@ class FakeUpstream:
                 err = {"error": {"message": f"{self.name} failed", "type": "x", "param": None, "code": None}}
                 return web.json_response(err, status=self.status)
             if not json.loads(body).get("stream"):
-                return web.json_response({"served_by": self.name, "choices": [{"text": "hi"}]})
+                return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
+            if self.hold_body is not None:
+                await resp.write(b"")  # puts the buffered headers on the wire, and no body byte
+                await self.hold_body.wait()
             await resp.write(f'data: {{"served_by": "{self.name}", "n": 1}}\n\n'.encode())
             if self.break_stream:
                 assert request.transport is not None
@@ -67,7 +78,8 @@ class FakeUpstream:
                 return resp
             if self.gate is not None:
                 await self.gate.wait()
-            await resp.write(f'data: {{"served_by": "{self.name}", "n": 2}}\n\n'.encode())
+            choice = json.dumps({"served_by": self.name, "n": 2, "choices": [{"index": 0, "text": self.text}]})
+            await resp.write(f"data: {choice}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
@@ -92,7 +104,8 @@ async def serving(*upstreams: FakeUpstream) -> AsyncIterator[None]:
     runners: list[web.AppRunner] = []
     try:
         for up in upstreams:
-            runner = web.AppRunner(up.app(), handle_signals=False, access_log=None)
+            # like uvicorn under the engine, a client (the router) that leaves cancels its request
+            runner = web.AppRunner(up.app(), handle_signals=False, access_log=None, handler_cancellation=True)
             await runner.setup()
             runners.append(runner)
             port = int(up.url.rsplit(":", 1)[1]) if up.url else 0  # a restarted fake keeps its address
@@ -102,7 +115,7 @@ async def serving(*upstreams: FakeUpstream) -> AsyncIterator[None]:
         yield
     finally:
         for up in upstreams:  # release anything still parked so shutdown does not wait on it
-            for event in (up.gate, up.hold):
+            for event in (up.gate, up.hold, up.hold_body):
                 if event is not None:
                     event.set()
         for runner in runners:

@@ -168,7 +168,7 @@ class FakeEngine:
         if p.logprobs is not None:
             logprobs = [{new: -0.25, (new + 1) % 256 + OFFSET: -1.5, BOS: -4.0}]
         delta = seq.text.take(finish is not None)
-        return RequestOutput(
+        out = RequestOutput(
             request_id=seq.request_id,
             prompt=None,
             prompt_token_ids=seq.prompt_ids,
@@ -177,3 +177,12 @@ class FakeEngine:
             arrival_time=seq.arrival,
             first_token_time=seq.first_token_time,
         )
+        if len(seq.out) == 1:  # the prompt's logits come with the first output, as the engine's do
+            if p.prompt_logprobs is not None:
+                out.prompt_logprobs = [None, *({t: -1.0} for t in seq.prompt_ids[1:])]
+            if p.mean_prompt_logits:  # the prompt's token histogram: equal prompts, equal "logits"
+                import torch
+
+                counts = torch.bincount(torch.tensor(seq.prompt_ids), minlength=self.model_config.vocab_size)
+                out.prompt_logits_mean = counts.float() / len(seq.prompt_ids)
+        return out

@@ -31,7 +31,8 @@ def test_job_for_an_hf_revision(version: str) -> None:
     assert container["args"] == ["--source", "hf://Org/Tiny", "--dest", "/weights/3f2a9c01de/Tiny", "--revision", SHA]
     token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
-    assert pod["volumes"] == [{"name": "weights", "persistentVolumeClaim": {"claimName": "chat-weights"}}]
+    assert pod["volumes"] == [{"name": "weights", "persistentVolumeClaim": {"claimName": "chat-weights"}},
+                              {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]  # the root filesystem is read-only
     assert weights_path("3f2a9c01de", model) == "/weights/3f2a9c01de/Tiny"
 
 

@@ -36,12 +36,12 @@ def test_object_set_for_one_revision(spec: InferenceServiceSpec) -> None:
         ("Deployment", f"chat-{rev}"),
         ("Service", f"chat-{rev}"),
         ("ServiceAccount", "chat-router"),
-        ("Role", "chat-router"),
         ("RoleBinding", "chat-router"),
         ("Deployment", "chat"),
         ("Service", "chat"),
         ("PodDisruptionBudget", "chat-engine"),
         ("PodDisruptionBudget", "chat-router"),
+        ("NetworkPolicy", "chat-engine"),
     }
     # Once the weights are verified, the pre-pull Job is no longer wanted.
     assert ("Job", f"chat-prepull-{rev}") not in objects_by_key(spec, revision(spec))
@@ -75,7 +75,7 @@ def test_engine_deployment(spec: InferenceServiceSpec) -> None:
     assert c["readinessProbe"]["httpGet"]["path"] in ("/health", "/ready")
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert {"name": "weights", "mountPath": "/weights", "readOnly": True} in c["volumeMounts"]
-    assert c["env"] == [{"name": "LOG_LEVEL", "value": "debug"}]
+    assert c["env"][-1] == {"name": "LOG_LEVEL", "value": "debug"}  # after the cache dirs (tests/serving/test_pod_security.py)
     assert "HF_TOKEN" not in str(dep), "the hub token never reaches serving pods"
     ps = pod["spec"]
     assert {"name": "weights", "persistentVolumeClaim": {"claimName": "chat-weights", "readOnly": True}} in ps["volumes"]
@@ -153,21 +153,22 @@ def test_router(spec: InferenceServiceSpec) -> None:
     assert svc["spec"]["selector"] == {"app.kubernetes.io/instance": "chat", "app.kubernetes.io/component": "router"}
 
 
-def test_router_rbac_is_least_privilege(spec: InferenceServiceSpec) -> None:
+def test_router_rbac_binds_the_charts_cluster_role_and_mounts_the_overflow_key(spec: InferenceServiceSpec) -> None:
     objs = objects_by_key(spec, revision(spec))
-    rules = objs[("Role", "chat-router")]["rules"]
-    isvc_rule = next(r for r in rules if r["resources"] == ["inferenceservices"])
-    assert isvc_rule["resourceNames"] == ["chat"] and set(isvc_rule["verbs"]) == {"get", "list", "watch"}
-    assert any(r["resources"] == ["endpointslices"] for r in rules)
-    secret_rule = next(r for r in rules if r["resources"] == ["secrets"])
-    assert secret_rule["resourceNames"] == ["overflow-key"] and secret_rule["verbs"] == ["get"]
+    assert not [k for k in objs if k[0] in ("Role", "ClusterRole")]  # the operator grants nothing of its own
     binding = objs[("RoleBinding", "chat-router")]
-    assert binding["roleRef"]["name"] == "chat-router"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "folio-router"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "chat-router", "namespace": "ml"}]
-    # No overflow secret: no Secret rule at all (an empty resourceNames would grant every Secret).
+    # The overflow key: a Secret volume the kubelet fills, optional so a missing Secret never blocks the pod.
+    pod = objs[("Deployment", "chat")]["spec"]["template"]["spec"]
+    (key_volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert key_volume["secret"] == {"secretName": "overflow-key", "optional": True,
+                                    "items": [{"key": "token", "path": "api-key"}]}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == key_volume["name"])
+    assert mount == {"name": key_volume["name"], "mountPath": "/var/run/secrets/folio.dev/overflow", "readOnly": True}
     bare = make_spec(overflow=None)
-    rules = objects_by_key(bare, revision(bare))[("Role", "chat-router")]["rules"]
-    assert not any(r["resources"] == ["secrets"] for r in rules)
+    pod = objects_by_key(bare, revision(bare))[("Deployment", "chat")]["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "secret" in v]
 
 
 def test_disruption_budgets(spec: InferenceServiceSpec) -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from folio.operator.router.config import RouterConfig
 from folio.operator.serving.router import routable, router_config
-from folio.operator.spec import CanaryStatus, InferenceServiceStatus, OutlierDetectionSpec, TrafficTarget
+from folio.operator.spec import (
+    CanaryStatus,
+    InferenceServiceStatus,
+    LoadBalancingSpec,
+    OutlierDetectionSpec,
+    TrafficTarget,
+)
 from tests.serving.helpers import make_spec
 
 
@@ -45,7 +51,20 @@ def test_the_canary_serves_only_with_a_positive_weight() -> None:
 def test_the_wire_form_is_what_the_file_source_reads() -> None:
     cfg = router_config(make_spec(), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
     assert RouterConfig.parse(cfg.to_wire()) == cfg
-    assert set(cfg.to_wire()) == {"traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection"}
+    assert set(cfg.to_wire()) == {
+        "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
+        "loadBalancing",
+    }  # fmt: skip
+
+
+def test_the_spec_load_balancing_reaches_the_router() -> None:
+    spec = make_spec()
+    chosen = LoadBalancingSpec(strategy="LeastLoaded", prefix_char_length=400, mean_load_factor=1.5)
+    spec = spec.model_copy(update={"router": spec.router.model_copy(update={"load_balancing": chosen})})
+    cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
+    assert cfg.load_balancing == chosen
+    default = router_config(make_spec(), status(("s1", 100)), {"s1": ["http://a:1"]}).load_balancing
+    assert (default.strategy, default.prefix_char_length, default.mean_load_factor) == ("PrefixHash", 100, 1.25)
 
 
 def test_the_spec_outlier_detection_reaches_the_router() -> None:
@@ -54,3 +73,11 @@ def test_the_spec_outlier_detection_reaches_the_router() -> None:
         "outlier_detection": OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")})})
     cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
     assert cfg.outlier_detection == OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")
+
+
+def test_the_analysis_request_timeout_reaches_the_router() -> None:
+    spec = make_spec()
+    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 60.0  # the spec's default
+    analysis = spec.rollout.analysis.model_copy(update={"request_timeout": "1500ms"})
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"analysis": analysis})})
+    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 1.5

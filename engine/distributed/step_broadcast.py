@@ -1,0 +1,93 @@
+"""Each step's metadata, from rank 0 (which schedules) to the ranks that only run the model.
+
+The other ranks run the very same `ModelRunner.step` on a mirror of rank 0's batch, so every rank
+lays out the same tokens, slots and block tables and meets the same collectives in the same order. A
+mirrored sequence carries only what a step reads: this step's tokens (and the next one, which prompt
+positions are scored against), where they start, the block table, the length and the sampling
+parameters. Both sides keep the mirrors of exactly the previous step's sequences, so a sequence that
+stays in the batch sends only the blocks added to its table since, and its parameters once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from folio.engine.sampling_params import SamplingParams
+from folio.engine.scheduler import ScheduledSeq
+
+# (request id, first token's position, tokens this step, tokens from that position, length, prompt
+#  length, table entries from `table_from` on, table_from, params or None when the worker has them)
+SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None]
+
+
+class StepEncoder:
+    """Rank 0's side: a step's batch as `SeqUpdate`s, sending only what the mirrors lack."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, tuple[list[int], int]] = {}  # request id -> (the table list, entries sent)
+
+    def encode(self, batch: list[ScheduledSeq]) -> list[SeqUpdate]:
+        sent: dict[str, tuple[list[int], int]] = {}
+        updates: list[SeqUpdate] = []
+        for item in batch:
+            seq = item.seq
+            start, table = seq.num_computed_tokens, seq.block_table
+            known = self._sent.get(seq.request_id)
+            if known is not None and known[0] is table and len(table) >= known[1]:
+                table_from, params = known[1], None  # tables only grow; a freed one is a new list
+            else:
+                table_from, params = 0, seq.params
+            updates.append((
+                seq.request_id, start, item.num_tokens, seq.token_ids[start : start + item.num_tokens + 1],
+                len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params,
+            ))  # fmt: skip
+            sent[seq.request_id] = (table, len(table))
+        self._sent = sent
+        return updates
+
+
+class MirroredSeq:
+    """What `ModelRunner.step` reads of a `Sequence`, rebuilt from `SeqUpdate`s on the other ranks."""
+
+    __slots__ = ("block_table", "generator", "length", "num_computed_tokens", "num_prompt_tokens", "params",
+                 "request_id", "token_ids")  # fmt: skip
+
+    def __init__(self, request_id: str, params: SamplingParams) -> None:
+        self.request_id, self.params = request_id, params
+        self.token_ids: list[int] = []  # right from num_computed_tokens on; placeholders before
+        self.block_table: list[int] = []
+        self.num_computed_tokens = self.length = self.num_prompt_tokens = 0
+        self.generator: Any = None
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class StepMirror:
+    """A worker's side: `SeqUpdate`s back into the batch rank 0 scheduled."""
+
+    def __init__(self) -> None:
+        self._seqs: dict[str, MirroredSeq] = {}
+
+    def decode(self, updates: list[SeqUpdate]) -> list[ScheduledSeq]:
+        seqs: dict[str, MirroredSeq] = {}
+        batch: list[ScheduledSeq] = []
+        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params in updates:
+            seq = self._seqs.get(rid)
+            if params is not None:
+                seq = MirroredSeq(rid, params)
+            assert seq is not None, f"rank 0 sent a delta for {rid!r}, which this rank has not seen"
+            if table_from == 0:
+                seq.block_table = list(table)
+            else:
+                assert len(seq.block_table) == table_from, "block table mirror out of step with rank 0"
+                seq.block_table.extend(table)
+            ids = seq.token_ids
+            del ids[start:]
+            ids.extend([0] * (start - len(ids)))
+            ids.extend(tokens)
+            seq.num_computed_tokens, seq.length, seq.num_prompt_tokens = start, length, num_prompt
+            seqs[rid] = seq
+            batch.append(ScheduledSeq(seq, num_tokens))  # type: ignore[arg-type]
+        self._seqs = seqs
+        return batch

@@ -1,0 +1,123 @@
+"""A tensor-parallel rank other than 0: loads its shard, then runs each step rank 0 sends, until told to
+stop. It exits non-zero when rank 0 goes away or a collective stalls, so that it never outlives its
+replica; rank 0 (`executor`) watches it the same way.
+
+Messages from rank 0, over the rank's pipe: ``("init", num_blocks, enforce_eager)`` once the KV cache
+is sized (or one block for the profiling step), ``("resize", num_blocks, enforce_eager)`` after that
+step, ``("step", updates)`` per step, ``("probe",)`` for the collectives health check, ``("stop",)``.
+Replies: ``("loaded", stats)``, ``("ready", stats)`` (after init and resize) or ``("error", message)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+import torch
+
+from folio.engine.config import EngineConfig, ModelConfig
+
+log = logging.getLogger("folio.engine.tp")
+
+
+@dataclass
+class WorkerSpec:
+    rank: int
+    size: int
+    store_path: str
+    config: EngineConfig
+    model_config: ModelConfig
+    dtype: torch.dtype
+    device: str  # "cpu" or "cuda:R"
+    threads: int
+    log_level: int
+
+
+class _NoSampling:
+    """The sampler of a rank other than 0: rank 0 samples; the others only took part in the gather."""
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Any]) -> None:
+        return None
+
+
+def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    logging.basicConfig(
+        level=spec.log_level, format=f"%(asctime)s %(levelname)s [tp rank {spec.rank}] %(name)s: %(message)s"
+    )
+    try:
+        _serve(spec, conn)
+    except EOFError:
+        log.error("tensor-parallel rank %d: rank 0 closed the connection; exiting", spec.rank)
+        os._exit(1)
+    except Exception as exc:
+        log.exception("tensor-parallel rank %d failed", spec.rank)
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
+
+
+def _serve(spec: WorkerSpec, conn: Connection) -> None:
+    from folio.engine.distributed.parallel_state import TensorParallelGroup
+    from folio.engine.distributed.sharding import TensorParallel, local_config
+    from folio.engine.distributed.step_broadcast import StepMirror
+    from folio.engine.distributed.watchdog import Watchdog, parent_gone, stalled_collectives
+    from folio.engine.loader import load_model
+    from folio.engine.model_runner import ModelRunner
+    from folio.engine.warmup import warm_up_kernels
+
+    torch.set_num_threads(spec.threads)
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    cfg = spec.config
+    group = TensorParallelGroup(spec.rank, spec.size, device, cfg.collective_timeout)
+    group.join(spec.store_path)
+
+    def fire(reason: str) -> None:
+        log.critical("%s; tensor-parallel rank %d exits", reason, spec.rank)
+        os._exit(1)
+
+    watchdog = Watchdog([stalled_collectives(group), parent_gone(os.getppid())], fire, "folio-tp-watchdog")
+    watchdog.start()
+    tp = TensorParallel(spec.rank, spec.size, group)
+    mc = spec.model_config
+    model = load_model(cfg.model, mc, spec.dtype, device, mc.max_model_len, tp=tp)
+    conn.send(("loaded", {"bytes_read": model.load_stats.bytes_read, "rss": psutil.Process().memory_info().rss}))
+    kind, num_blocks, enforce_eager = conn.recv()
+    assert kind == "init", kind
+    runner = ModelRunner(
+        model, local_config(mc, tp), num_blocks, cfg.block_size, spec.dtype, device, cfg.seed,
+        max_num_seqs=cfg.max_num_seqs, enforce_eager=enforce_eager,
+    )
+    runner.sampler = _NoSampling()  # type: ignore[assignment]
+    warm_up_kernels(runner, mc.max_model_len)  # compiles this process's kernels, as rank 0 does its own
+    conn.send(("ready", _ready(runner)))
+    mirror = StepMirror()
+    while True:
+        message = pickle.loads(conn.recv_bytes())
+        if message[0] == "step":
+            batch = mirror.decode(message[1])
+            try:
+                runner.step(batch)
+            except Exception:  # rank 0 fails the same step's requests and carries on; so do we
+                log.exception("a step failed on tensor-parallel rank %d", spec.rank)
+        elif message[0] == "resize":  # the profiling step's cache replaced by the sized one
+            _, num_blocks, enforce_eager = message
+            runner.resize_kv_cache(num_blocks, enforce_eager=enforce_eager)
+            conn.send(("ready", _ready(runner)))
+        elif message[0] == "probe":
+            group.probe()
+        elif message[0] == "stop":
+            break
+    watchdog.stop()
+    group.close()
+
+
+def _ready(runner: Any) -> dict[str, int]:
+    return {"rss": psutil.Process().memory_info().rss, "num_blocks": runner.kv_caches[0][0].shape[0]}

@@ -1,0 +1,68 @@
+"""The engines' NetworkPolicy: only their routers, the operator and (opted in) Prometheus get in."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+
+from folio.operator.serving.objects import PlanSettings, objects
+from folio.operator.serving.plan import Placement, plan
+from folio.operator.spec import InferenceServiceStatus
+from tests.serving.helpers import OWNER, make_spec, objects_by_key, revision
+
+OPERATOR = PlanSettings(operator_namespace="folio-system",
+                        operator_labels=(("app.kubernetes.io/component", "operator"), ("app.kubernetes.io/name", "folio")))
+
+
+def _matches(selector: dict, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _planned(spec, settings: PlanSettings, *revisions) -> dict:  # type: ignore[no-untyped-def]
+    serving = plan("chat", spec, InferenceServiceStatus(revisions=list(revisions)), Placement.cluster())
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects(serving, OWNER, settings)}
+
+
+def test_engines_admit_only_their_routers_and_the_operator() -> None:
+    spec = make_spec()
+    canary = make_spec(engine={"image": "registry.example/folio:2"})
+    objs = _planned(canary, OPERATOR, revision(spec), revision(canary, "Canary"))
+    policy = objs[("NetworkPolicy", "chat-engine")]
+    kubernetes_validate.validate(policy, "1.30", strict=True)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    engines = [o for o in objs.values() if o["kind"] == "Deployment" and o["metadata"]["name"] != "chat"]
+    assert len(engines) == 2
+    for engine in engines:  # every revision's pods are covered
+        assert _matches(policy["spec"]["podSelector"], engine["spec"]["template"]["metadata"]["labels"])
+    router_pod = objs[("Deployment", "chat")]["spec"]["template"]["metadata"]["labels"]
+    assert not _matches(policy["spec"]["podSelector"], router_pod)
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+    router_peer, operator_peer = rule["from"]
+    assert set(router_peer) == {"podSelector"} and _matches(router_peer["podSelector"], router_pod)
+    # another InferenceService's routers do not match
+    assert not _matches(router_peer["podSelector"], {**router_pod, "app.kubernetes.io/instance": "other"})
+    assert operator_peer == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "folio-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator", "app.kubernetes.io/name": "folio"}},
+    }
+
+
+def test_metrics_namespaces_opt_in_and_the_whole_policy_opts_out() -> None:
+    spec = make_spec(networkPolicy={"metricsNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"}})
+    policy = objects_by_key(spec, revision(spec))[("NetworkPolicy", "chat-engine")]
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert peers[-1] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert len(peers) == 2  # no operator peer where the operator does not know its own pods
+    off = make_spec(networkPolicy={"enabled": False})
+    assert not [k for k in objects_by_key(off, revision(off)) if k[0] == "NetworkPolicy"]
+
+
+def test_operator_pod_labels_flag() -> None:
+    import pytest
+
+    from folio.operator.controller.cli import parse_labels
+
+    assert parse_labels("b=2, a=1,") == (("a", "1"), ("b", "2"))
+    assert parse_labels("") == ()
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_labels("novalue")

@@ -43,7 +43,7 @@ AUTOSCALING = {"minReplicas": 0, "maxReplicas": 3, "metric": "InFlight", "target
                "scaleDownDelay": f"{DELAY_S}s", "holdTimeout": "120s", "maxHeldRequests": 64}
 ARGS = {"device": "cpu", "maxModelLen": 512, "maxNumSeqs": 8, "kvCacheMemoryGib": 0.25}
 # (name, concurrent clients, seconds); the first phase waits for zero replicas instead
-PHASES = [("zero", 0, 0), ("burst", 9, 25), ("steady", 2, 30), ("idle", 0, 35), ("burst 2", 9, 25)]
+PHASES = [("zero", 0, 0), ("burst", 9, 90), ("steady", 2, 30), ("idle", 0, 35), ("burst 2", 9, 90)]
 MAX_TOKENS = 16
 PROMPTS = ["Name a colour.", "What is two plus two?", "Say hello in French.", "Name a planet."]
 BENCH_DEPS = Path(__file__).resolve().parent.parent / ".venv" / "bench-deps"

@@ -72,8 +72,8 @@ class LoadMeter:
 
     def load(self, spec: AutoscalingSpec, now: datetime, routers: Mapping[str, str], engines: Mapping[str, str],
              *, ready: int, starting: int, asked: bool = False) -> Load:
-        """A `Load` from ``{url: metrics text}`` of every router and ready engine; ``asked``: a router's
-        scale-up annotation is present (requests are held)."""
+        """A `Load` from ``{url: metrics text}`` of every router and ready engine; ``asked``: the
+        scale-up annotation is present (someone wants a replica: count one held request)."""
         seen: dict[str, RouterReading] = {}
         for url, text in routers.items():
             try:

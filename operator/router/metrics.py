@@ -84,6 +84,11 @@ class RouterMetrics:
             "Requests placed by prefix or session affinity: on the key's replica (hit) or passed on for load (spill).",
             [*per_revision, m.RESULT], registry=r,
         )  # fmt: skip
+        self.held = Gauge(m.HELD, "Requests held until a replica is ready (scale from zero).", [m.ISVC], registry=r)
+        self.held_total = Counter(
+            m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
+            [m.ISVC, m.OUTCOME], registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 

@@ -9,7 +9,7 @@ queue of our own requests would then double a replica's load and push its keys o
 usage breaks ties between equally loaded replicas.
 
 Each pool remembers, for its last `RECENT_KEYS` keys, the replicas each went to: a key goes back to
-one of those while it is under the bound (where its prefix is cached), else along the ring. A prefix
+the least loaded of those under the bound (where its prefix is cached), else along the ring. A prefix
 key that is not among them is new to every cache there: it goes to the least loaded replica (ties by
 KV cache usage, then in its ring order) rather than to its owner regardless of load, so requests that
 share nothing spread like LeastLoaded's (`ring.place`).

@@ -81,7 +81,7 @@ def test_results_say_new_hit_and_spill() -> None:
     other = b.pick("r1", key=_key("shared"))
     assert other is not None and other is not home
     home.in_flight = 0
-    assert b.pick("r1", key=_key("shared")) is home  # back to the first of its replicas, in ring order or not
+    assert b.pick("r1", key=_key("shared")) is home  # both hold it and idle: ring order, its owner
     assert results == ["new", "spill", "hit"]
 
 

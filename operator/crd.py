@@ -71,6 +71,16 @@ RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "spec.router.replicas must be 0 or more",
         },
     ],
+    ("spec", "autoscaling"): [
+        {
+            "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "message": "spec.autoscaling.minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "!has(self.metric) || self.metric != 'KVCache' || !has(self.target) || self.target <= 1.0",
+            "message": "spec.autoscaling.target for KVCache is a fraction of the KV cache, in (0, 1]",
+        },
+    ],
     ("spec", "rollout", "steps"): [
         {
             "rule": "self.all(s, s.weight >= 1 && s.weight <= 99)",

@@ -34,6 +34,8 @@ PLURAL = "inferenceservices"
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ["fisvc"]
 DOMAIN = "folio.dev"  # finalizers, annotations, kopf storage
+# Set by a router holding requests with nothing ready; the operator's autoscaler scales up and removes it.
+SCALE_UP_ANNOTATION = f"{DOMAIN}/scale-up"
 
 DEFAULT_IMAGE = "ghcr.io/folio-dev/folio:0.1.0"
 
@@ -340,6 +342,50 @@ class ShadowSpec(Model):
     percent: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
+AutoscalingMetric = Literal["InFlight", "Waiting", "KVCache"]
+
+
+class AutoscalingSpec(Model):
+    """Replicas that follow load (`folio.operator.autoscaling`); minReplicas 0 allows scale to zero."""
+
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="0 allows scale to zero.")
+    max_replicas: int = Field(default=8, ge=1, le=MAX_REPLICAS)
+    metric: AutoscalingMetric = Field(
+        default="InFlight",
+        description="InFlight: requests in flight through the routers per replica; Waiting: "
+        "vllm:num_requests_waiting per replica; KVCache: mean vllm:kv_cache_usage_perc (0-1).",
+    )
+    target: float = Field(default=4.0, gt=0.0, description="The metric's value per replica to aim for.")
+    scale_down_delay: Duration = Field(
+        default="5m", pattern=DURATION_RE.pattern,
+        description="Lower demand must last this long before replicas are removed (and before scale to zero).",
+    )  # fmt: skip
+    hold_timeout: Duration = Field(
+        default="5m", pattern=DURATION_RE.pattern,
+        description="How long the router holds a request while its revision has no ready replica.",
+    )  # fmt: skip
+    max_held_requests: int = Field(
+        default=256, ge=0, le=100_000, description="Requests the router holds at most; beyond, 503 or overflow."
+    )
+    keda: bool = Field(default=False, description="Render a KEDA ScaledObject instead of Folio's own autoscaler.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscaling.minReplicas {self.min_replicas} exceeds maxReplicas {self.max_replicas}")
+        if self.metric == "KVCache" and self.target > 1.0:
+            raise ValueError(f"autoscaling.target for KVCache is a fraction of the cache (0-1], got {self.target}")
+        return self
+
+    @property
+    def scale_down_delay_seconds(self) -> float:
+        return parse_duration(self.scale_down_delay)
+
+    @property
+    def hold_timeout_seconds(self) -> float:
+        return parse_duration(self.hold_timeout)
+
+
 class NetworkPolicySpec(Model):
     enabled: bool = Field(
         default=True,
@@ -356,6 +402,9 @@ class NetworkPolicySpec(Model):
 class InferenceServiceSpec(Model):
     model: ModelSource
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None, description="Replicas that follow load; spec.replicas is ignored when set."
+    )
     engine: EngineSpec = Field(default_factory=EngineSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
     cache: CacheSpec = Field(default_factory=CacheSpec)
@@ -476,6 +525,22 @@ class RevisionStatus(Lenient):
     retire_at: str | None = None  # Retiring: removed after this time
 
 
+class AutoscalingStatus(Lenient):
+    """The autoscaler's last decision (`folio.operator.autoscaling.decide`)."""
+
+    desired_replicas: int = 0  # across the service's serving revisions
+    current_replicas: int = 0  # ready now
+    metric: str = ""
+    value: float | None = None  # the metric's reading the decision used
+    last_scale_time: str | None = None
+    reason: str = ""
+    # Since when demand has been below desiredReplicas, and the most it asked for since: a scale
+    # down happens once that has lasted scaleDownDelay, to that most (no flapping).
+    lower_since: str | None = None
+    lower_peak: int | None = None
+    keda: bool | None = None  # True: KEDA's ScaledObjects scale (`autoscaling.keda`), nothing above is Folio's
+
+
 class InferenceServiceStatus(Lenient):
     observed_generation: int | None = None
     phase: str | None = None  # human summary: Pending, WeightsPending, Canary, Promoted, RolledBack, Ready
@@ -486,6 +551,7 @@ class InferenceServiceStatus(Lenient):
     canary: CanaryStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     revisions: list[RevisionStatus] = Field(default_factory=list)
+    autoscaling: AutoscalingStatus | None = None
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

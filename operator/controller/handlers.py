@@ -30,7 +30,7 @@ from folio.operator.controller.observe import overrides
 from folio.operator.controller.reconcile import Context, call, memo_part, reconcile
 from folio.operator.k8s.client import ApiError
 from folio.operator.k8s.names import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PLURALS
-from folio.operator.spec import DOMAIN, GROUP, PLURAL, VERSION
+from folio.operator.spec import DOMAIN, GROUP, PLURAL, SCALE_UP_ANNOTATION, VERSION
 
 MAX_BACKOFF_S = 60.0  # API failures: 1, 2, 4 ... 60 s
 UNEXPECTED_BACKOFF_S = 30.0
@@ -99,9 +99,9 @@ async def on_change(body: kopf.Body, memo: kopf.Memo, retry: int, reason: str, l
 
 async def on_service_event(namespace: str | None, name: str | None, meta: kopf.Meta, memo: kopf.Memo,
                            **_: Any) -> None:
-    """A manual override asked for (an annotation): a pass now rather than at the resync."""
+    """A manual override or a router's scale up asked for (an annotation): a pass now, not at the resync."""
     schedule = memo.ctx.schedules.get((namespace or "", name or ""))
-    if schedule is not None and overrides(meta.annotations):
+    if schedule is not None and (overrides(meta.annotations) or SCALE_UP_ANNOTATION in meta.annotations):
         schedule.poke()
 
 

@@ -26,7 +26,9 @@ import pydantic
 from folio.operator.analysis.parity_run import GateRunner, poll_gate
 from folio.operator.analysis.parity_sources import cluster_suite
 from folio.operator.analysis.sampler import IntervalSampler
+from folio.operator.autoscaling.load import LoadMeter
 from folio.operator.controller import metrics
+from folio.operator.controller.autoscale import autoscale, interval
 from folio.operator.controller.children import Children, Expectations
 from folio.operator.controller.discovery import OPTIONAL, Discovery, asked_for
 from folio.operator.controller.executor import apply_plan
@@ -43,6 +45,8 @@ from folio.operator.spec import (
     API_VERSION,
     DOMAIN,
     KIND,
+    SCALE_UP_ANNOTATION,
+    AutoscalingStatus,
     InferenceServiceSpec,
     InferenceServiceStatus,
     check_name,
@@ -188,14 +192,30 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
         if report is not None:
             observed = dataclasses.replace(observed, parity=report)
     decision = advance(spec, isvc.generation, status, observed)
+    if spec.autoscaling is not None and not spec.autoscaling.keda:
+        meter = memo_part(memo, "load_meter", lambda: LoadMeter(isvc.name))
+        scaled = await autoscale(meter, spec, decision.status, children, isvc.annotations, now)
+        decision.status.autoscaling = scaled.status
+        decision.events += [scaled.event] if scaled.event else []
+        decision.requeue_after = min(x for x in (decision.requeue_after, scaled.requeue_after, interval(scaled)) if x)
+    elif spec.autoscaling is not None:  # KEDA scales: say so rather than keep a stale decision
+        decision.status.autoscaling = AutoscalingStatus(metric=spec.autoscaling.metric, keda=True,
+                                                        reason="scaled by KEDA: a ScaledObject per revision")
+    else:
+        decision.status.autoscaling = None
     known = {(f.revision, f.at) for f in status.failed_revisions}
     for failed in decision.status.failed_revisions:
         if (failed.revision, failed.at) not in known:
             metrics.REVISIONS_FAILED.labels(namespace=isvc.namespace, isvc=isvc.name, reason=failed.reason).inc()
     await _execute(ctx, body, isvc, spec, decision.status, children, expect)
     await _write_status(ctx, isvc, decision.status)
-    if decision.overrides_done:  # acted on: remove the annotations so they are not acted on twice
+    auto = decision.status.autoscaling
+    scaled_up = auto is None or auto.keda or auto.desired_replicas > 0
+    asked = SCALE_UP_ANNOTATION in isvc.annotations and scaled_up
+    if decision.overrides_done or asked:  # acted on: remove the annotations so they are not acted on twice
         cleared = {f"{DOMAIN}/{name}": None for name in decision.overrides_done}
+        if asked:
+            cleared[SCALE_UP_ANNOTATION] = None
         await call(ctx.kube.merge_patch, API_VERSION, KIND, isvc.namespace, isvc.name,
                    {"metadata": {"annotations": cleared}})
     for event in decision.events:

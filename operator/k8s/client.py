@@ -226,6 +226,18 @@ class AsyncKube:
                 )
             return await resp.json(content_type=None)
 
+    async def merge_patch(self, where: str, patch: Obj) -> Obj:
+        """One JSON merge patch; a non-200 answer raises `aiohttp.ClientResponseError`."""
+        assert self._session is not None, "use `async with AsyncKube(...)`"
+        headers = {**self.auth_headers(), "Content-Type": "application/merge-patch+json"}
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        async with self._session.patch(self.base_url + where, json=patch, headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise aiohttp.ClientResponseError(
+                    resp.request_info, (), status=resp.status, message=(await resp.text())[:500]
+                )
+            return await resp.json(content_type=None)
+
     async def follow(self, where: str, params: Mapping[str, str], on_list: OnList, on_event: OnEvent, *,
                      retry_max_s: float = 30.0) -> None:
         """List, then watch from that list's version, forever; every failure lists and watches again.

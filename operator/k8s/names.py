@@ -45,6 +45,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -58,6 +59,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("inference.networking.k8s.io/v1", "InferencePool"),  # opt-in; kopf skips it where its CRD is absent
+    # Without KEDA in the cluster kopf logs that it cannot watch these, and there are none to prune.
+    ("keda.sh/v1alpha1", "ScaledObject"),
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -48,6 +48,11 @@ def status_table(
             )
         parts.append(Text(line))
 
+    if status.autoscaling is not None:
+        auto = status.autoscaling
+        parts.append(Text(f"autoscaling ({auto.metric}): {auto.current_replicas} ready, {auto.desired_replicas} desired; "
+                          f"{auto.reason}" if not auto.keda else f"autoscaling: {auto.reason}"))
+
     conds = Table(show_header=True, expand=False, box=None, pad_edge=False)
     for col in ("condition", "status", "reason", "message"):
         conds.add_column(col)

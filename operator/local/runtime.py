@@ -26,6 +26,7 @@ from rich.console import Console
 from folio.operator.analysis.parity_run import GateRunner, poll_gate
 from folio.operator.analysis.parity_sources import local_suite
 from folio.operator.analysis.sampler import IntervalSampler
+from folio.operator.local.autoscale import LocalAutoscaler
 from folio.operator.local.render import status_table
 from folio.operator.local.state import SavedState, StateDir, write_json_atomic
 from folio.operator.local.supervisor import Supervisor
@@ -36,8 +37,10 @@ from folio.operator.serving.engine import engine_flags
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.plan import Placement, RevisionPlan, ServingPlan, plan
 from folio.operator.spec import (
+    AutoscalingStatus,
     InferenceService,
     InferenceServiceSpec,
+    InferenceServiceStatus,
     RevisionStatus,
     check_name,
     revision_name,
@@ -79,6 +82,7 @@ class LocalRuntime:
         self.analysis = IntervalSampler(self.name)
         self.parity = GateRunner()  # the parity gate in flight, if any
         self._http = httpx.AsyncClient(trust_env=False)
+        self.autoscaler = LocalAutoscaler(self.name, self.router_url, self._http)
         self.weights: dict[str, Weights] = {}  # by revision (the same weights are hard-linked, not pulled again)
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -193,6 +197,7 @@ class LocalRuntime:
             overrides=frozenset(self.saved.overrides),
         )
         decision = advance(self.spec, self.saved.generation, status, observed)
+        decision.status.autoscaling = await self._autoscale(decision.status, now)
         self.analysis.restart(self.spec.rollout.analysis, decision.status, datetime.now(timezone.utc))
         for event in decision.events:
             self._on_event(event)
@@ -236,6 +241,15 @@ class LocalRuntime:
             crash_looping=self.supervisor.crash_looping(rev.name),
         )
 
+    async def _autoscale(self, status: InferenceServiceStatus, now: datetime) -> AutoscalingStatus | None:
+        """The autoscaler's decision (`spec.autoscaling`, KEDA or not: there is no KEDA here)."""
+        if self.spec.autoscaling is None:
+            return None
+        scaled = await self.autoscaler.step(self.spec, status, self.supervisor, now)
+        if scaled.event is not None:
+            self._say(f"[cyan]{scaled.event.reason}[/]: {scaled.event.message}")
+        return scaled.status
+
     # --------------------------------------------------------------- acting
 
     def _plan(self) -> ServingPlan:
@@ -250,7 +264,9 @@ class LocalRuntime:
         for rev in serving.revisions:
             if rev.pull_weights:
                 self._pull_weights(rev)
-            if rev.replicas == 0:
+            if rev.replicas == 0:  # weights not verified yet, or scaled to zero
+                if self.supervisor.has(rev.name):
+                    self.supervisor.scale_down(rev.name, 0)
                 continue
             if not self.supervisor.has(rev.name):
                 self._say(f"starting {rev.replicas} replica(s) of revision {rev.name}")
@@ -326,6 +342,12 @@ def check_manifest(manifest: InferenceService) -> None:
     if manifest.spec.replicas > LOCAL_MAX_REPLICAS:
         raise ValueError(
             f"spec.replicas {manifest.spec.replicas} is more than `folio up` runs on one machine "
+            f"(at most {LOCAL_MAX_REPLICAS} engine processes per revision)"
+        )
+    auto = manifest.spec.autoscaling
+    if auto is not None and auto.max_replicas > LOCAL_MAX_REPLICAS:
+        raise ValueError(
+            f"spec.autoscaling.maxReplicas {auto.max_replicas} is more than `folio up` runs on one machine "
             f"(at most {LOCAL_MAX_REPLICAS} engine processes per revision)"
         )
     if manifest.spec.model.scheme == "pvc":

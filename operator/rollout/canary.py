@@ -9,6 +9,7 @@ the ``promote`` override, it is promoted: it becomes Stable and the old stable r
 
 from __future__ import annotations
 
+from folio.operator.autoscaling.share import promotion_ready
 from folio.operator.rollout import parity_gate
 from folio.operator.rollout.conditions import describe_sample
 from folio.operator.rollout.state import Pass
@@ -46,6 +47,8 @@ def progress(p: Pass) -> None:
         if c.step + 1 < len(steps):
             start_step(p, c.step + 1)
             left = steps[c.step].pause_seconds
+        elif not promotion_ready(p.spec, p.st, p.facts(canary).ready_replicas):
+            pass  # autoscaled: all traffic moves once the canary has the replicas the load needs
         else:
             promote(p, canary, f"all {len(steps)} steps passed analysis")
             return

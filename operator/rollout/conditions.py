@@ -93,7 +93,7 @@ def summarize(p: Pass) -> None:
     missing = p.observed.unavailable[0] if p.observed.unavailable else None
     before = st.condition("Degraded")
     for value in (
-        _ready(stable, serving),
+        _ready(stable, serving, scaled_to_zero(p)),
         _progressing(p, failed, canary, stable, serving),
         ("Degraded", "True", failed.reason, failed.message) if failed is not None
         else ("Degraded", "True", *gate_error) if gate_error is not None
@@ -109,11 +109,21 @@ def summarize(p: Pass) -> None:
         p.event("Warning", *missing)
 
 
-def _ready(stable: RevisionStatus | None, serving: bool) -> ConditionValue:
+def scaled_to_zero(p: Pass) -> bool:
+    """The autoscaler took the service to zero replicas (its routers hold requests while it scales up)."""
+    auto = p.st.autoscaling
+    return p.spec.autoscaling is not None and auto is not None and auto.desired_replicas == 0
+
+
+def _ready(stable: RevisionStatus | None, serving: bool, zero: bool = False) -> ConditionValue:
     if serving and stable is not None:
         if stable.ready_replicas > 0:
             return "Ready", "True", "Serving", (
                 f"stable revision {stable.name} serves with {stable.ready_replicas} ready replica(s)"
+            )
+        if zero:
+            return "Ready", "True", "ScaledToZero", (
+                f"stable revision {stable.name} is scaled to zero; requests are held while it scales up"
             )
         return "Ready", "False", "NoReadyReplicas", f"stable revision {stable.name} has no ready replica"
     if stable is None:

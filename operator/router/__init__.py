@@ -10,6 +10,7 @@ balancer replicas per revision: prefix/session affinity on a hash ring with boun
          (both on polling's per-replica loop)
 outliers Envoy-style passive ejection: consecutive failures eject for a growing time, half-open readmission
 proxy    one request: pick, attempt, retry on stable, overflow, shadow, relay as it arrives
+hold     requests held while nothing is ready (scale from zero): bounded, timed out, released at a pace
 timeouts how long an attempt may be silent (the canary: requestTimeout), and what the client then sees
 app      the aiohttp app (/v1/*, /health, /ready, /metrics); server: run it (CLI or embedded)
 

@@ -93,7 +93,10 @@ class RouterApp:
             auto_decompress=False,  # relay bytes exactly as the upstream encoded them
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
         )
-        self._proxy = Proxy(self.state, self.metrics, self._session, **self._timeouts)
+        # A source that can ask for a scale up is asked when requests are held (neither built-in one can:
+        # the held-requests gauge on /metrics is their ask, read by the operator or `folio up`).
+        self._proxy = Proxy(self.state, self.metrics, self._session, **self._timeouts,
+                            ask_scale_up=getattr(self.source, "ask_scale_up", None))
         health = HealthChecker(self._session, self.state.balancer.replicas, **self._health_opts)
         self._tasks = [
             asyncio.create_task(self._run_source(), name="router-config"),
@@ -121,6 +124,8 @@ class RouterApp:
 
     def apply(self, config: RouterConfig) -> None:
         self.state.apply(config)
+        if self._proxy is not None:
+            self._proxy.hold.pump()  # new replicas may take held requests
 
     # ----------------------------------------------------------------------------- handlers
 

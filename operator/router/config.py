@@ -62,9 +62,18 @@ class Shadow(_Wire):
     percent: float = Field(default=0.0, ge=0.0, le=100.0)
 
 
+class Holding(_Wire):
+    """Requests for a revision with no ready replica wait (`folio.operator.router.hold`) instead of failing."""
+
+    max_held_requests: int = Field(default=256, ge=0)
+    hold_timeout: float = Field(default=300.0, gt=0.0, description="seconds")
+    # Held requests go out at most this many at a time per ready replica: the rate it takes them.
+    release_per_replica: int = Field(default=4, ge=1)
+
+
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
-OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing")
+OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing", "holding")
 DEFAULT_REQUEST_TIMEOUT = "60s"  # the spec's analysis.requestTimeout default
 
 
@@ -76,6 +85,7 @@ class RouterConfig(_Wire):
     canary: str | None = None
     overflow: Overflow | None = None
     shadow: Shadow | None = None
+    holding: Holding | None = None
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
     # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
     request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT

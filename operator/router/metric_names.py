@@ -44,3 +44,7 @@ AFFINITY_NEW = "new"
 def is_error(code: str) -> bool:
     """A failed upstream attempt: a 5xx answer, or no answer at all (``error``)."""
     return code == "error" or (len(code) == 3 and code.startswith("5"))
+# Requests held while their revision has no ready replica (scale from zero), and how each hold ended.
+HELD = "folio_router_held_requests"
+HELD_TOTAL = "folio_router_holds_total"
+OUTCOME = "outcome"  # served | timeout | full | gone

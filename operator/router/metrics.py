@@ -85,6 +85,11 @@ class RouterMetrics:
             "on from there for load (spill), or new to the router, so placed by load (new).",
             [*per_revision, m.RESULT], registry=r,
         )  # fmt: skip
+        self.held = Gauge(m.HELD, "Requests held until a replica is ready (scale from zero).", [m.ISVC], registry=r)
+        self.held_total = Counter(
+            m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
+            [m.ISVC, m.OUTCOME], registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
         self._weights: set[str] = set()
 

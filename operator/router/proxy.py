@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from folio.operator.router.balancer import Replica
 from folio.operator.router.config import OVERFLOW, Overflow
 from folio.operator.router.errors import error_response
+from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.outliers import is_failure
 from folio.operator.router.shadow_compare import Capture, Comparison, comparable
@@ -97,6 +98,7 @@ class Proxy:
         connect_timeout: float = 3.0,
         read_timeout: float = 600.0,
         shadow_limit: int = 64,
+        ask_scale_up: AskScaleUp | None = None,
     ) -> None:
         self.state = state
         self.metrics = metrics
@@ -111,8 +113,22 @@ class Proxy:
         self._attempt_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
         self._shadow_limit = shadow_limit
         self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self.hold = HoldQueue(state, metrics, ask_scale_up)
 
     async def forward(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
+        if self.hold.must_wait():  # nothing ready (scaled to zero), or others are held already
+            return await self.hold.run(lambda: self._route(req, downstream),
+                                       lambda why: self._unheld(req, downstream, why))
+        return await self._route(req, downstream)
+
+    async def _unheld(self, req: ProxyRequest, downstream: web.Request, why: str) -> web.StreamResponse:
+        """A request the hold queue could not keep: overflow when configured, else 503 and when to retry."""
+        if self.state.config.overflow is not None:
+            return await self._overflow(req, downstream, self.state.config.overflow)
+        return error_response(503, f"no replica is ready: {why}", code="no_ready_replica",
+                              headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    async def _route(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
         state = self.state
         config, balancer = state.config, state.balancer
         stable = config.stable_revision
@@ -334,6 +350,7 @@ class Proxy:
             comparison.finish_shadow(int(code) if code.isdigit() else None)
 
     async def close(self) -> None:
+        await self.hold.close()
         for task in list(self._shadow_tasks):
             task.cancel()
         await asyncio.gather(*self._shadow_tasks, return_exceptions=True)

@@ -59,6 +59,6 @@ class RoutingState:
             return False, "no traffic config yet"
         if not self.split.weights:
             return False, "no revision has a positive traffic weight"
-        if not self.balancer.ready_count():
+        if not self.balancer.ready_count() and self.config.holding is None:  # holding: requests wait here
             return False, "no ready endpoint"
         return True, "ok"

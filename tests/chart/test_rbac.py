@@ -34,6 +34,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("", "configmaps"): frozenset({"get"}),
     # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
     ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    # spec.autoscaling.keda: the planner's ScaledObjects, indexed like the rest (no get)
+    ("keda.sh", "scaledobjects"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }
 # `bind` on exactly one ClusterRole (the chart's router role), never on anything else.
 BIND = ("rbac.authorization.k8s.io", "clusterroles")
@@ -129,6 +131,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
         ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
+        ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:

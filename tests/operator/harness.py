@@ -23,7 +23,7 @@ import kopf
 
 from folio.operator.controller.handlers import configure, register
 from folio.operator.controller.reconcile import Context
-from folio.operator.k8s.client import Kube
+from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.names import MANAGED_KINDS, PLURALS, base_labels
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, revision_name
@@ -93,15 +93,16 @@ class ApiServer(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
 
 
-def declare_resources(server: kmock.KubernetesEmulator) -> None:
-    """A real server lists an empty collection; the emulator needs to know the resource for that."""
+def declare_resources(server: kmock.KubernetesEmulator, *, keda: bool = False) -> None:
+    """A real server lists an empty collection; the emulator needs to know the resource for that.
+    ``keda``: KEDA's CRDs are installed (without, kopf must cope with ScaledObjects it cannot watch)."""
     verbs = {"get", "list", "watch", "patch", "create", "delete"}
     server.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
         kind=KIND, namespaced=True, subresources={"status"}, verbs=verbs,
     )
     server.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=verbs)
     for (api_version, kind), plural in PLURALS.items():
-        if kind != KIND:
+        if kind != KIND and (keda or not api_version.startswith("keda.sh/")):
             server.resources[f"{api_version}/{plural}"] = kmock.ResourceInfo(
                 kind=kind, namespaced=True, subresources={"status"}, verbs=verbs,
             )
@@ -148,7 +149,13 @@ class Cluster:
     async def children(self, isvc: str = "chat") -> dict[tuple[str, str], dict[str, Any]]:
         found: dict[tuple[str, str], dict[str, Any]] = {}
         for api_version, kind in MANAGED_KINDS:
-            for obj in await self.call(self.kube.list, api_version, kind, NAMESPACE, base_labels(isvc)):
+            try:
+                listed = await self.call(self.kube.list, api_version, kind, NAMESPACE, base_labels(isvc))
+            except ApiError as exc:
+                if exc.status == 404 and api_version.startswith("keda.sh/"):
+                    continue  # KEDA not installed in this emulator
+                raise
+            for obj in listed:
                 assert (kind, obj["metadata"]["name"]) not in found, "duplicate object"
                 found[(kind, obj["metadata"]["name"])] = obj
         return found

@@ -4,7 +4,8 @@ A whole lifecycle (create with an overflow key and an InferencePool, weights ver
 against the emulator, which records every request the operator makes (kopf's and the executor's; the
 test's own requests carry a marker header). Each (group, resource, verb) it made must be granted
 (tests/chart/test_rbac.py's ALLOWED), and each granted one must have been made, but for the few
-that only an admission check or a cluster feature uses (listed, with why).
+that only an admission check or a cluster feature uses (listed, with why). KEDA's ScaledObjects
+(`spec.autoscaling.keda`, which needs KEDA's CRD) have a lifecycle of their own below.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import kmock
 import pytest
 
 from tests.chart.test_rbac import ALLOWED
-from tests.operator.harness import ApiServer, Cluster, bring_up, eventually, isvc_manifest, running_operator
+from tests.operator.harness import (
+    ApiServer,
+    Cluster,
+    bring_up,
+    declare_resources,
+    eventually,
+    isvc_manifest,
+    rev_of,
+    running_operator,
+)
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -28,6 +38,8 @@ NOT_CALLED: dict[Call, str] = {
     ("serving.folio.dev", "inferenceservices/finalizers", "update"): "admission check",
     # only a parity gate given spec.rollout.parity.configMapRef reads it (tests/operator/test_parity_gate.py)
     ("", "configmaps", "get"): "a rollout feature this lifecycle does not use",
+    **{("keda.sh", "scaledobjects", verb): "spec.autoscaling.keda only: test_keda_calls_what_the_chart_grants"
+       for verb in ALLOWED[("keda.sh", "scaledobjects")]},
 }
 # Not in ALLOWED's table but a rule of its own (tests/chart/test_rbac.py): `bind` on the chart's router
 # ClusterRole, which the API server checks when the operator creates a router's RoleBinding.
@@ -49,8 +61,6 @@ class RecordingApiServer(ApiServer):
 
 @pytest.mark.kmock(cls=RecordingApiServer)
 async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: RecordingApiServer) -> None:
-    from tests.operator.harness import declare_resources
-
     RecordingApiServer.calls = set()
     declare_resources(kmock)
     cluster = Cluster(kmock)
@@ -78,3 +88,38 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
     assert called - granted == set(), "the operator calls what the chart does not grant"
     assert granted - called - set(NOT_CALLED) == set(), "the chart grants what the operator never calls"
     assert not ({c for c in called if c[1] == "secrets"}), "the operator never reads a Secret"
+
+
+@pytest.mark.kmock(cls=RecordingApiServer)
+async def test_keda_calls_what_the_chart_grants(kmock: RecordingApiServer) -> None:
+    """With KEDA installed and `autoscaling.keda`: a ScaledObject created, changed, pruned, indexed."""
+    RecordingApiServer.calls = set()
+    declare_resources(kmock, keda=True)
+    cluster = Cluster(kmock)
+    cluster.kube.client.set_default_header(TEST_CLIENT, "1")
+    keda = {"minReplicas": 0, "maxReplicas": 4, "metric": "Waiting", "target": 2, "keda": True}
+    manifest = isvc_manifest(autoscaling=keda, rollout={"analysis": {"prometheus": {"url": "http://prometheus:9090"}}})
+    rev = rev_of(manifest)
+    async with running_operator(cluster.server):
+        await cluster.create_isvc(manifest)
+        await eventually(lambda: cluster.get("batch/v1", "Job", f"chat-prepull-{rev}"), what="pre-pull Job")
+        await cluster.set_status("batch/v1", "Job", f"chat-prepull-{rev}", {"succeeded": 1})
+        await eventually(lambda: scaled_object(cluster, rev, 4), what="the ScaledObject")
+        await cluster.update_spec("chat", {"autoscaling": {**keda, "maxReplicas": 6}})
+        await eventually(lambda: scaled_object(cluster, rev, 6), what="the ScaledObject changed")
+        await cluster.update_spec("chat", {"autoscaling": {**keda, "keda": False}})
+
+        async def pruned() -> bool:
+            return await cluster.get("keda.sh/v1alpha1", "ScaledObject", f"chat-{rev}") is None
+
+        await eventually(pruned, what="the ScaledObject pruned once keda is off")
+    called = RecordingApiServer.calls
+    granted = {(group, resource, verb) for (group, resource), verbs in ALLOWED.items() for verb in verbs}
+    assert called - granted == set(), "the operator calls what the chart does not grant"
+    keda_granted = {("keda.sh", "scaledobjects", verb) for verb in ALLOWED[("keda.sh", "scaledobjects")]}
+    assert keda_granted - called == set(), "the chart grants ScaledObject verbs the operator never calls"
+
+
+async def scaled_object(cluster: Cluster, rev: str, max_replicas: int) -> bool:
+    found = await cluster.get("keda.sh/v1alpha1", "ScaledObject", f"chat-{rev}")
+    return found is not None and found["spec"]["maxReplicaCount"] == max_replicas

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -205,17 +206,22 @@ async def test_busy_without_overflow_relays_the_answer(router: RouterFactory) ->
         _openai_error(resp)
 
 
+def mirrored(stable: FakeUpstream, canary: FakeUpstream) -> dict[str, Any]:
+    """All traffic on stable, every request mirrored to the canary."""
+    return {
+        "traffic": [{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+        "endpoints": {"r1": [stable.url], "r2": [canary.url]},
+        "stable": "r1",
+        "shadow": {"percent": 100},
+    }
+
+
 async def test_shadow_mirrors_to_canary_without_slowing_the_primary(router: RouterFactory) -> None:
     stable = FakeUpstream("r1")
     canary = FakeUpstream("r2", hold=asyncio.Event())  # the mirror never answers while we measure
     async with (
         serving(stable, canary),
-        router(
-            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
-            endpoints={"r1": [stable.url], "r2": [canary.url]},
-            stable="r1",
-            shadow={"percent": 100},
-        ) as r,
+        router(**mirrored(stable, canary)) as r,
     ):
         for _ in range(5):
             resp = await r.complete()
@@ -394,12 +400,7 @@ async def test_shadow_answers_are_compared_with_the_primary(router: RouterFactor
     stable, canary = FakeUpstream("r1"), FakeUpstream("r2")
     async with (
         serving(stable, canary),
-        router(
-            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
-            endpoints={"r1": [stable.url], "r2": [canary.url]},
-            stable="r1",
-            shadow={"percent": 100},
-        ) as r,
+        router(**mirrored(stable, canary)) as r,
     ):
         async def send(stream: bool = False, **sampling: object) -> None:
             body = {"model": "m", "prompt": "hi", "stream": stream, **sampling}

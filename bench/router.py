@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import psutil
+from _procs import free_port, stop, wait_ready  # bench/, this script's own folder
 
 COMPLETION = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8}).encode()
 STREAM = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 8, "stream": True}).encode()
@@ -73,28 +72,6 @@ def run_upstream(port: int) -> None:
 
 
 # ------------------------------------------------------------------------------- measuring
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_ready(session: aiohttp.ClientSession, url: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                raise SystemExit(f"a benchmark process exited early ({proc.args})")
-        try:
-            async with session.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise SystemExit(f"{url} never became ready")
 
 
 async def one(session: aiohttp.ClientSession | httpx.AsyncClient, url: str) -> float:
@@ -287,14 +264,7 @@ def main() -> int:
         try:
             return asyncio.run(measure(args, direct, f"http://127.0.0.1:{router_port}"))
         finally:
-            for proc in args.procs:
-                proc.send_signal(signal.SIGTERM)
-            for proc in args.procs:
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(args.procs, timeout=15)
 
 
 if __name__ == "__main__":

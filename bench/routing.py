@@ -15,7 +15,11 @@ Reported per run: TTFT p50/p90, output tok/s, the prefix-cache hit rate from the
 shared prefix TTFT p50 <= 0.5x LeastLoaded's and hit rate >= 80%; low reuse within 1.1x; max/mean
 requests per replica <= 1.5).
 
-    .venv/bin/python bench/routing.py [--concurrency 8] [--requests 256] [--hidden 256 --layers 4]
+    .venv/bin/python bench/routing.py [--concurrency 8] [--requests 256] [--hidden 256 --layers 4] [--rounds 1]
+
+With `--rounds N` every strategy runs N times, every other round in the opposite order, and the table
+pools the rounds (TTFT samples, counters): on a shared machine a slow spell then spreads over the
+strategies instead of landing on one.
 """
 
 from __future__ import annotations
@@ -25,8 +29,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,19 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from _procs import free_port, stop, wait_ready  # bench/, this script's own folder
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.models: the tiny random-weight Llama the tests use
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 REPLICAS = 4
 STRATEGIES = ("PrefixHash", "LeastLoaded", "RoundRobin")
+WORKLOADS = ("shared prefix", "low reuse")
 WORDS = ["policy", "account", "invoice", "refund", "shipping", "warranty", "customer", "order", "support", "billing", "contract", "renewal", "discount", "region", "service", "outage", "priority", "ticket", "escalation", "handbook", "answer", "politely", "cite", "section"]
 
 
@@ -63,6 +62,10 @@ class Run:
     queries: float = 0.0
     per_replica: list[int] = field(default_factory=list)
     failed: int = 0
+    preemptions: float = 0.0
+    spills: float = 0.0  # the router's folio_router_prefix_affinity_total{result="spill"} over the run
+    new: float = 0.0  # ... {result="new"}: keys the router had not placed before (placed by load)
+    placed: float = 0.0  # ... every result: requests placed by their affinity key
 
     @property
     def tok_s(self) -> float:
@@ -114,11 +117,27 @@ async def engine_counters(session: aiohttp.ClientSession, engines: list[str]) ->
         for family in text_string_to_metric_families(page):
             for sample in family.samples:
                 if sample.name in (
-                    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total"
+                    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total",
+                    "vllm:num_preemptions_total",
                 ):  # fmt: skip
                     totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
         out.append(totals)
     return out
+
+
+async def affinity_counts(session: aiohttp.ClientSession, router: str | None) -> dict[str, float]:
+    """The router's placements by affinity so far, by result (hit, spill); empty without a router."""
+    if router is None:
+        return {}
+    async with session.get(router + "/metrics") as resp:
+        page = await resp.text()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "folio_router_prefix_affinity_total":
+                result = sample.labels.get("result", "")
+                counts[result] = counts.get(result, 0.0) + sample.value
+    return counts
 
 
 async def one(session: aiohttp.ClientSession, url: str, model: str, messages: list[dict[str, str]], run: Run,
@@ -148,9 +167,11 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, messages: li
 
 
 async def measure(run: Run, targets: list[str], engines: list[str], model: str,
-                  conversations: list[list[dict[str, str]]], concurrency: int, max_tokens: int) -> Run:
+                  conversations: list[list[dict[str, str]]], concurrency: int, max_tokens: int,
+                  router: str | None) -> Run:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         before = await engine_counters(session, engines)
+        placed_before = await affinity_counts(session, router)
         queue = list(enumerate(conversations))
         queue.reverse()
         started = time.perf_counter()
@@ -163,39 +184,20 @@ async def measure(run: Run, targets: list[str], engines: list[str], model: str,
         await asyncio.gather(*(client() for _ in range(concurrency)))
         run.seconds = time.perf_counter() - started
         after = await engine_counters(session, engines)
+        placed_after = await affinity_counts(session, router)
+    for result in placed_after:
+        delta = placed_after[result] - placed_before.get(result, 0.0)
+        run.placed += delta
+        if result == "spill":
+            run.spills += delta
+        elif result == "new":
+            run.new += delta
     for b, a in zip(before, after, strict=True):
         run.hits += a.get("vllm:prefix_cache_hits_total", 0) - b.get("vllm:prefix_cache_hits_total", 0)
         run.queries += a.get("vllm:prefix_cache_queries_total", 0) - b.get("vllm:prefix_cache_queries_total", 0)
+        run.preemptions += a.get("vllm:num_preemptions_total", 0) - b.get("vllm:num_preemptions_total", 0)
         run.per_replica.append(round(a.get("vllm:request_success_total", 0) - b.get("vllm:request_success_total", 0)))
     return run
-
-
-async def wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
-                raise SystemExit(f"a benchmark process exited early: {[p.args for p in procs if p.poll() is not None]}")
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise SystemExit(f"{url} never became ready")
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def main_async(args: argparse.Namespace, model_dir: Path, tmp: Path) -> list[Run]:
@@ -214,9 +216,10 @@ async def main_async(args: argparse.Namespace, model_dir: Path, tmp: Path) -> li
     ]  # fmt: skip
     runs: list[Run] = []
     try:
-        for url in engines:
-            await wait_ready(url + "/health", procs)
-        for strategy in STRATEGIES:
+        async with aiohttp.ClientSession() as session:
+            for url in engines:
+                await wait_ready(session, url + "/health", procs, timeout=300, poll=0.2)
+        for round_, strategy in schedule(args.strategies, args.rounds):
             router: subprocess.Popen[bytes] | None = None
             targets = engines
             if strategy != "RoundRobin":
@@ -231,15 +234,18 @@ async def main_async(args: argparse.Namespace, model_dir: Path, tmp: Path) -> li
                      "--log-level", "warning"]
                 )  # fmt: skip
                 targets = [f"http://127.0.0.1:{port}"]
-                await wait_ready(targets[0] + "/ready", [*procs, router])
+                async with aiohttp.ClientSession() as session:
+                    await wait_ready(session, targets[0] + "/ready", [*procs, router], timeout=300, poll=0.2)
             try:
-                for name in ("shared prefix", "low reuse"):
-                    conversations = workload(name, f"{strategy}-{args.seed}", args.requests, args.system_words)
+                for name in args.workloads:
+                    salt = f"{strategy}-{args.seed}" + (f"-{round_}" if round_ else "")
+                    conversations = workload(name, salt, args.requests, args.system_words)
                     run = await measure(Run(strategy, name), targets, engines, "m", conversations,
-                                        args.concurrency, args.max_tokens)
+                                        args.concurrency, args.max_tokens, router and targets[0])
                     runs.append(run)
-                    print(f"  {strategy:11s} {name:13s} TTFT p50 {pct(run.ttft, 0.5) * 1e3:7.1f} ms  "
-                          f"hit {run.hit_rate:5.1%}  per replica {run.per_replica}", flush=True)
+                    print(f"  {round_ + 1}/{args.rounds} {strategy:11s} {name:13s} TTFT p50 {pct(run.ttft, 0.5) * 1e3:7.1f} ms  "
+                          f"hit {run.hit_rate:5.1%}  per replica {run.per_replica}  new/spilled/placed "
+                          f"{run.new:.0f}/{run.spills:.0f}/{run.placed:.0f}  preemptions {run.preemptions:.0f}", flush=True)
             finally:
                 if router is not None:
                     stop([router])
@@ -248,18 +254,40 @@ async def main_async(args: argparse.Namespace, model_dir: Path, tmp: Path) -> li
     return runs
 
 
+def schedule(strategies: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, strategy) in the order they run: every other round backwards, so that a slow spell of a
+    shared machine does not always fall on the same strategy."""
+    return [(r, s) for r in range(rounds) for s in (strategies if r % 2 == 0 else strategies[::-1])]
+
+
+def pooled(runs: list[Run]) -> list[Run]:
+    """One run per (strategy, workload): the rounds' samples and counters together."""
+    out: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        into = out.setdefault((r.strategy, r.workload), Run(r.strategy, r.workload, per_replica=[0] * len(r.per_replica)))
+        into.ttft += r.ttft
+        into.per_replica = [a + b for a, b in zip(into.per_replica, r.per_replica, strict=True)]
+        for name in ("tokens", "prompt_tokens", "seconds", "hits", "queries", "failed", "preemptions", "spills", "new",
+                     "placed"):
+            setattr(into, name, getattr(into, name) + getattr(r, name))
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    return sorted(out.values(), key=lambda r: (WORKLOADS.index(r.workload), order[r.strategy]))
+
+
 def report(runs: list[Run]) -> None:
+    runs = pooled(runs)
     base = {r.workload: r for r in runs if r.strategy == "LeastLoaded"}
     prompt = sum(r.prompt_tokens for r in runs) / max(1, sum(len(r.ttft) for r in runs))
     print(f"\nprompt tokens per request (mean): {prompt:.0f}")
     print("| workload | strategy | TTFT p50 | TTFT p90 | p50 vs LeastLoaded | output tok/s | prefix-cache hit rate "
-          "| requests per replica | max/mean |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| requests per replica | max/mean | new / spilled |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
-        ratio = pct(r.ttft, 0.5) / pct(base[r.workload].ttft, 0.5)
+        ratio = f"{pct(r.ttft, 0.5) / pct(base[r.workload].ttft, 0.5):.2f}x" if r.workload in base else "-"
+        spilled = f"{r.new:.0f} / {r.spills:.0f}" if r.placed else "-"
         print(f"| {r.workload} | {r.strategy} | {pct(r.ttft, 0.5) * 1e3:.0f} ms | {pct(r.ttft, 0.9) * 1e3:.0f} ms "
-              f"| {ratio:.2f}x | {r.tok_s:.0f} | {r.hit_rate:.0%} | {'/'.join(map(str, r.per_replica))} "
-              f"| {r.imbalance:.2f} |" + (f" ({r.failed} failed)" if r.failed else ""))
+              f"| {ratio} | {r.tok_s:.0f} | {r.hit_rate:.1%} | {'/'.join(map(str, r.per_replica))} "
+              f"| {r.imbalance:.2f} | {spilled} |" + (f" ({r.failed} failed)" if r.failed else ""))
 
 
 def main() -> int:
@@ -272,6 +300,11 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kv-gib", type=float, default=0.25, help="KV cache per engine")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                        help="LeastLoaded is the baseline of the ratios: leave it out only for a quick look")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every strategy this many times (fresh salts, alternating order) and pool the rounds")
     args = parser.parse_args()
     from tests.support.models import make_tiny_llama
 
@@ -281,7 +314,7 @@ def main() -> int:
             tmp / "model", hidden_size=args.hidden, intermediate_size=args.hidden * 2, num_hidden_layers=args.layers,
             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
         )  # fmt: skip
-        print(f"{REPLICAS} replicas of a random Llama (hidden {args.hidden}, {args.layers} layers), "
+        print(f"{REPLICAS} replicas of a random Llama (hidden {args.hidden}, {args.layers} layers), {args.rounds} round(s), "
               f"{args.requests} requests per run, {args.concurrency} concurrent clients, {args.max_tokens} tokens out")
         runs = asyncio.run(main_async(args, model_dir, tmp))
     report(runs)

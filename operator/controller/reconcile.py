@@ -30,6 +30,7 @@ from folio.operator.autoscaling.load import LoadMeter
 from folio.operator.controller import metrics
 from folio.operator.controller.autoscale import autoscale, interval
 from folio.operator.controller.children import Children, Expectations
+from folio.operator.controller.discovery import OPTIONAL, Discovery, asked_for
 from folio.operator.controller.executor import apply_plan
 from folio.operator.controller.observe import observe, router_metrics_urls
 from folio.operator.k8s.client import ApiError, Kube
@@ -98,6 +99,12 @@ class Context:
     schedules: dict[tuple[str, str], Schedule] = field(default_factory=dict)
     # (namespace, isvc, revision) -> a replica's base URL, for the parity gate: the revision's Service
     replica_url: Callable[[str, str, str], str] = field(default=service_url)
+    # which optional kinds (CRDs that may be absent) the cluster serves; made from `kube` when not given
+    discovery: Discovery | None = None
+
+    def __post_init__(self) -> None:
+        if self.discovery is None:
+            self.discovery = Discovery(self.kube)
 
 
     def schedule(self, namespace: str, name: str) -> Schedule:
@@ -164,6 +171,10 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
         return "invalid"
 
     observed = observe(children, isvc.name, spec, status, isvc.annotations, now)
+    assert ctx.discovery is not None
+    missing = await call(ctx.discovery.unavailable, asked_for(spec, ctx.plan_settings))
+    if missing:
+        observed = dataclasses.replace(observed, unavailable=tuple(OPTIONAL[kind] for kind in missing))
     sampler = memo_part(memo, "analysis", lambda: IntervalSampler(isvc.name))
     if sampler.due(spec.rollout.analysis, now):
         routers = router_metrics_urls(children.pods_with(component_labels(isvc.name, "router")))
@@ -240,6 +251,11 @@ async def _execute(ctx: Context, body: kopf.Body, isvc: _Isvc, spec: InferenceSe
                    status: InferenceServiceStatus, children: Children, expect: Expectations) -> None:
     serving = plan(isvc.name, spec, status, Placement.cluster())
     wanted = objects(serving, Owner(isvc.name, isvc.namespace, isvc.uid), ctx.plan_settings)
+    assert ctx.discovery is not None
+    # children of a kind the cluster does not serve are left out (status says so), not applied every pass
+    missing = set(await call(ctx.discovery.unavailable, [(o["apiVersion"], o["kind"]) for o in wanted]))
+    if missing:
+        wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in missing]
     result = await call(apply_plan, ctx.kube, wanted, children, expect)
     for action, keys in (("created", result.created), ("deleted", result.deleted)):
         for _, kind, _ in keys:

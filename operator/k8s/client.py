@@ -101,6 +101,19 @@ class Kube:
                 return None
             raise
 
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves `kind` (for a custom resource: whether its CRD is installed), from
+        the discovery document of its group version."""
+        where = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        try:
+            found = self.call("GET", where)
+        except ApiError as exc:
+            if exc.status == 404:  # the group version itself is not served
+                return False
+            raise
+        plural = PLURALS[(api_version, kind)]
+        return any(r.get("name") == plural for r in found.get("resources") or [])
+
     def list(self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         found = self.call("GET", path(api_version, kind, namespace), {"labelSelector": label_selector(labels)})
         # Filter here as well: a conforming server already has, and it costs nothing.

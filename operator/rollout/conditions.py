@@ -89,15 +89,24 @@ def summarize(p: Pass) -> None:
     from folio.operator.rollout import parity_gate
 
     gate_error = parity_gate.degraded(st)
+    # a child whose kind the cluster does not serve (its CRD is absent): the service runs without it
+    missing = p.observed.unavailable[0] if p.observed.unavailable else None
+    before = st.condition("Degraded")
     for value in (
         _ready(stable, serving, scaled_to_zero(p)),
         _progressing(p, failed, canary, stable, serving),
         ("Degraded", "True", failed.reason, failed.message) if failed is not None
         else ("Degraded", "True", *gate_error) if gate_error is not None
+        else ("Degraded", "True", *missing) if missing is not None
         else ("Degraded", "False", "AsExpected", "no failed revision"),
         _weights(p, failed, pending),
     ):
         st.conditions = set_condition(st.conditions, *value, generation=p.generation, now=p.now)
+    after = st.condition("Degraded")
+    if missing is not None and after is not None and after.reason == missing[0] and (
+        before is None or before.status != "True" or before.reason != missing[0]
+    ):  # once when it starts to show, not every pass
+        p.event("Warning", *missing)
 
 
 def scaled_to_zero(p: Pass) -> bool:

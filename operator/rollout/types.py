@@ -29,7 +29,9 @@ class Observed:
     ``revisions`` may omit a revision; its last known state in status is used then. ``analysis`` is
     the latest sample for the canary; one with an ``at`` already recorded in status is not counted
     twice, so callers may pass the same sample on every call. ``overrides`` holds the names of the
-    ``folio.dev/<name>`` annotations present (``promote``, ``abort``, ``retry``).
+    ``folio.dev/<name>`` annotations present (``promote``, ``abort``, ``retry``). ``unavailable`` holds
+    (reason, message) for each child the spec asks for whose kind the cluster does not serve (a CRD not
+    installed): the service runs without it, with Degraded=True saying so.
     """
 
     now: datetime
@@ -37,6 +39,7 @@ class Observed:
     analysis: AnalysisSample | None = None
     parity: ParityReport | None = None  # the parity gate's report for the canary, when one just finished
     overrides: frozenset[str] = frozenset()
+    unavailable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -6,7 +6,8 @@ metric_names  the metrics' names and labels, shared with the canary analysis; me
 state    what a config becomes: weighted split, replica pools, API keys
 split    smooth weighted round-robin between revisions
 balancer replicas per revision: prefix/session affinity on a hash ring with bounded loads (ring, affinity),
-         or the least loaded; loadscrape: each engine's queue and KV usage; health: active checks
+         or the least loaded; loadscrape: each engine's requests and KV usage; health: active checks
+         (both on polling's per-replica loop)
 outliers Envoy-style passive ejection: consecutive failures eject for a growing time, half-open readmission
 proxy    one request: pick, attempt, retry on stable, overflow, shadow, relay as it arrives
 hold     requests held while nothing is ready (scale from zero): bounded, timed out, released at a pace

@@ -13,6 +13,14 @@ from collections.abc import Iterable
 from typing import Any
 
 SESSION_HEADER = "x-session-id"
+PREFIX = "prefix\0"  # what a key drawn from the request's own text starts with
+
+
+def from_text(key: str) -> bool:
+    """Whether `key` is the request's text (its prefix), not a session or user the client named: only such a
+    key is new to the caches when the router has not placed it lately (a new session is placed for the turns
+    that follow it)."""
+    return key.startswith(PREFIX)
 
 
 def affinity_key(body: dict[str, Any], headers: Iterable[tuple[str, str]], prefix_chars: int) -> str | None:
@@ -27,7 +35,7 @@ def affinity_key(body: dict[str, Any], headers: Iterable[tuple[str, str]], prefi
         prefix = _chat_prefix(messages, prefix_chars)
     else:
         prefix = _prompt_prefix(body.get("prompt"), prefix_chars)
-    return "prefix\0" + prefix if prefix else None
+    return PREFIX + prefix if prefix else None
 
 
 def _chat_prefix(messages: list[Any], limit: int) -> str:

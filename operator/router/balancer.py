@@ -2,21 +2,35 @@
 (`ring`), or the least loaded.
 
 A replica's load is its in-flight requests from this router plus, while its last scrape
-(`loadscrape`) is fresh, the requests waiting in its engine's queue; its KV cache usage breaks ties
-between equally loaded replicas.
+(`loadscrape`) is fresh, the requests its engine holds (running and waiting) that are not this
+router's: those of other router replicas and of anything calling the engine directly. The engine's
+own count includes this router's requests, so adding it whole would count each of ours twice — a
+queue of our own requests would then double a replica's load and push its keys off it. Its KV cache
+usage breaks ties between equally loaded replicas.
+
+Each pool remembers, for its last `RECENT_KEYS` keys, the replicas each went to: a key goes back to
+the least loaded of those under the bound (where its prefix is cached), else along the ring. A prefix
+key that is not among them is new to every cache there: it goes to the least loaded replica (ties by
+KV cache usage, then in its ring order) rather than to its owner regardless of load, so requests that
+share nothing spread like LeastLoaded's (`ring.place`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from folio.operator.router.affinity import from_text
+from folio.operator.router.metric_names import AFFINITY_HIT, AFFINITY_NEW, AFFINITY_SPILL
 from folio.operator.router.outliers import OutlierDetector
 from folio.operator.router.ring import HashRing, key_hash, place
 from folio.operator.spec import LoadBalancingSpec
 
 STALE_AFTER = 3.0  # seconds: an older scrape is not used (three missed ones at the 1 s cadence)
+# prefix keys a pool remembers having placed: about as many distinct prefixes as its caches can hold
+RECENT_KEYS = 8192
 
 
 @dataclass(eq=False)
@@ -29,8 +43,10 @@ class Replica:
     healthy: bool = True  # optimistic: sources list replicas their owner already considers ready
     failures: int = 0  # consecutive failed health checks
     last_error: str = ""
-    # from the replica's /metrics (loadscrape): engine queue length, KV cache usage in [0, 1], when
-    waiting: int = 0
+    # from the replica's /metrics (loadscrape): requests its engine holds (running + waiting), how many of
+    # ours were in flight at that moment, KV cache usage in [0, 1], and when
+    engine_requests: int = 0
+    ours_at_scrape: int = 0
     kv_usage: float = 0.0
     scraped_at: float | None = None
 
@@ -50,6 +66,25 @@ class _Pool:
     replicas: list[Replica] = field(default_factory=list)
     cursor: int = 0  # rotates the starting point so idle replicas share the load
     ring: HashRing[Replica] = field(default_factory=lambda: HashRing([], _url))
+    # key hash -> the URLs of the replicas it went to lately (their caches may hold its prefix), oldest first
+    recent: OrderedDict[int, set[str]] = field(default_factory=OrderedDict)
+
+    def holders(self, hashed: int) -> list[Replica] | None:
+        """The replicas the key went to lately; None when it has not been placed here lately."""
+        urls = self.recent.get(hashed)
+        if urls is None:
+            return None
+        self.recent.move_to_end(hashed)
+        return [r for r in self.replicas if r.url in urls]
+
+    def placed(self, hashed: int, replica: Replica) -> None:
+        urls = self.recent.get(hashed)
+        if urls is None:
+            self.recent[hashed] = {replica.url}
+            if len(self.recent) > RECENT_KEYS:
+                self.recent.popitem(last=False)
+        else:
+            urls.add(replica.url)
 
 
 class Balancer:
@@ -67,8 +102,8 @@ class Balancer:
         self.outliers = outliers or OutlierDetector()
         self.settings = settings or LoadBalancingSpec()
         self._clock = clock
-        # called with (revision, spilled) for every request placed by its affinity key
-        self.on_affinity: Callable[[str, bool], None] | None = None
+        # called with (revision, result: hit | spill | new) for every request placed by its affinity key
+        self.on_affinity: Callable[[str, str], None] | None = None
 
     def configure(self, settings: LoadBalancingSpec) -> None:
         self.settings = settings
@@ -96,7 +131,7 @@ class Balancer:
                 ring = old.ring
             else:  # the ring hashes URLs: replicas that stay keep their keys
                 ring = HashRing(replicas, _url)
-            pools[revision] = _Pool(replicas, old.cursor if old else 0, ring)
+            pools[revision] = _Pool(replicas, old.cursor if old else 0, ring, old.recent if old else OrderedDict())
         self._pools = pools
         self.outliers.forget(self.replicas())
         return added
@@ -109,12 +144,18 @@ class Balancer:
             return None
         now = self._clock()
         if key is not None and self.by_prefix and len(pool.replicas) > 1:
+            hashed = key_hash(key)
+            holders = pool.holders(hashed)
+            new = holders is None and from_text(key)  # a new session is placed for its next turns: by the ring
             best, spilled = place(
-                pool.ring, key_hash(key), lambda r: self.queue_load(r, now),
+                pool.ring, hashed, lambda r: self.queue_load(r, now),
                 lambda r: self.usable(r) and r not in exclude, self.settings.mean_load_factor,
+                holders=None if new else holders or (), tie=lambda r: self.load(r, now)[1],
             )  # fmt: skip
-            if best is not None and self.on_affinity is not None:
-                self.on_affinity(best.revision, spilled)
+            if best is not None:
+                pool.placed(hashed, best)
+                if self.on_affinity is not None:
+                    self.on_affinity(best.revision, AFFINITY_NEW if new else AFFINITY_SPILL if spilled else AFFINITY_HIT)
         else:
             best = self._least_loaded(pool, exclude, now)
         if best is not None:
@@ -141,8 +182,11 @@ class Balancer:
         return replica.scraped_at is not None and now - replica.scraped_at <= STALE_AFTER
 
     def queue_load(self, replica: Replica, now: float) -> int:
-        """Requests on the replica: ours in flight, plus its engine's queue while the scrape is fresh."""
-        return replica.in_flight + (replica.waiting if self.fresh(replica, now) else 0)
+        """Requests on the replica: ours in flight, plus, while the scrape is fresh, the ones its engine held
+        then that were not ours."""
+        if not self.fresh(replica, now):
+            return replica.in_flight
+        return replica.in_flight + max(0, replica.engine_requests - replica.ours_at_scrape)
 
     def load(self, replica: Replica, now: float) -> tuple[int, float]:
         """Ordering for LeastLoaded: queue load first, then how full its KV cache is."""

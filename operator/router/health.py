@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from folio.operator.router.balancer import Replica
+from folio.operator.router.polling import ReplicaPoller
 
 log = logging.getLogger(__name__)
 
 
-class HealthChecker:
+class HealthChecker(ReplicaPoller):
     def __init__(
         self,
         session: aiohttp.ClientSession,
@@ -28,24 +29,13 @@ class HealthChecker:
         timeout: float = 2.0,
         fall: int = 2,
     ) -> None:
-        self._session = session
-        self._replicas = replicas
-        self._path = path
-        self._interval = interval
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        super().__init__(session, replicas, path=path, interval=interval, timeout=timeout)
         self._fall = fall  # consecutive failures before a healthy replica is taken out
 
-    async def run(self) -> None:
-        while True:
-            await self.check_all(self._replicas())
-            await asyncio.sleep(self._interval)
-
-    async def check_all(self, replicas: Iterable[Replica]) -> None:
-        await asyncio.gather(*(self.check(r) for r in replicas))
-
-    async def check(self, replica: Replica) -> bool:
+    async def poll(self, replica: Replica) -> bool:
+        """One check; a replica that fails `fall` in a row is taken out, one that passes is put back."""
         try:
-            async with self._session.get(replica.url + self._path, timeout=self._timeout) as resp:
+            async with self.get(replica) as resp:
                 await resp.read()
                 ok, reason = resp.status == 200, f"health check answered {resp.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

@@ -1,8 +1,9 @@
 """Each replica's own view of its load, scraped from its `/metrics` about once a second.
 
 The router counts only the requests it sent itself; other router replicas (and anything calling an
-engine directly) load it too. `vllm:num_requests_waiting` (queued on the engine) and
-`vllm:kv_cache_usage_perc` (how full its KV cache is) say so.
+engine directly) load it too. `vllm:num_requests_running` and `vllm:num_requests_waiting` (what the
+engine holds, this router's requests among them) and `vllm:kv_cache_usage_perc` (how full its KV cache
+is) say so; the balancer counts what the engine held beyond our own in-flight requests of that moment.
 A scrape that fails, and one older than `balancer.STALE_AFTER` (the scraper stalled), is not used:
 the balancer falls back to in-flight counts alone.
 """
@@ -17,27 +18,30 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from folio.operator.router.balancer import Replica
+from folio.operator.router.polling import ReplicaPoller
 
 log = logging.getLogger(__name__)
 
+RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+_NAMES = (RUNNING, WAITING, KV_USAGE)
 
 
 def parse_load(text: str) -> tuple[int, float] | None:
-    """(waiting, KV usage) from a Prometheus text exposition, summed (waiting) or maxed (usage) over its
-    label sets; None when the page has neither (not a Folio or vLLM engine)."""
-    waiting: float | None = None
+    """(requests running or waiting, KV usage) from a Prometheus text exposition, summed (requests) or
+    maxed (usage) over its label sets; None when the page has none of them (not a Folio or vLLM engine)."""
+    requests: float | None = None
     usage: float | None = None
     for line in text.splitlines():
-        if not line.startswith((WAITING, KV_USAGE)):
+        if not line.startswith(_NAMES):
             continue
         brace = line.find("{")
         if brace != -1:  # name{labels} value [timestamp]; label values may hold spaces
             name, rest = line[:brace], line[line.rfind("}") + 1 :]
         else:
             name, _, rest = line.partition(" ")
-        if name not in (WAITING, KV_USAGE):
+        if name not in _NAMES:
             continue
         try:
             value = float(rest.split()[0])
@@ -45,16 +49,16 @@ def parse_load(text: str) -> tuple[int, float] | None:
             continue
         if value != value:  # NaN
             continue
-        if name == WAITING:
-            waiting = (waiting or 0.0) + value
-        else:
+        if name == KV_USAGE:
             usage = value if usage is None else max(usage, value)
-    if waiting is None and usage is None:
+        else:
+            requests = (requests or 0.0) + value
+    if requests is None and usage is None:
         return None
-    return int(waiting or 0), min(max(usage or 0.0, 0.0), 1.0)
+    return int(requests or 0), min(max(usage or 0.0, 0.0), 1.0)
 
 
-class LoadScraper:
+class LoadScraper(ReplicaPoller):
     def __init__(
         self,
         session: aiohttp.ClientSession,
@@ -65,25 +69,13 @@ class LoadScraper:
         timeout: float = 0.8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._session = session
-        self._replicas = replicas
-        self._path = path
-        self._interval = interval
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        super().__init__(session, replicas, path=path, interval=interval, timeout=timeout)
         self._clock = clock
 
-    async def run(self) -> None:
-        while True:
-            await self.scrape_all(self._replicas())
-            await asyncio.sleep(self._interval)
-
-    async def scrape_all(self, replicas: Iterable[Replica]) -> None:
-        await asyncio.gather(*(self.scrape(r) for r in replicas))
-
-    async def scrape(self, replica: Replica) -> bool:
+    async def poll(self, replica: Replica) -> bool:
         """One scrape; on success the replica's load figures and their time are updated."""
         try:
-            async with self._session.get(replica.url + self._path, timeout=self._timeout) as resp:
+            async with self.get(replica) as resp:
                 text = await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError) as exc:
             log.debug("load scrape of %s failed: %r", replica.url, exc)
@@ -93,6 +85,7 @@ class LoadScraper:
         if load is None:
             replica.scraped_at = None
             return False
-        replica.waiting, replica.kv_usage = load
+        replica.engine_requests, replica.kv_usage = load
+        replica.ours_at_scrape = replica.in_flight  # the engine's count includes these
         replica.scraped_at = self._clock()
         return True

@@ -31,11 +31,14 @@ REPLICA = "replica"  # a replica's base URL
 EJECTIONS = "folio_router_ejections_total"
 EJECTED = "folio_router_replica_ejected"
 OVERFLOW_REQUESTS = "folio_router_overflow_requests_total"
-# Requests placed by their affinity key: on the key's own replica (hit) or passed on for load (spill).
+# Requests placed by their affinity key: where its prefix should be cached — a replica it went to lately, or
+# its owner on the ring — (hit), passed on from there for load (spill), or new to the router's pool, so
+# placed by load alone (new).
 PREFIX_AFFINITY = "folio_router_prefix_affinity_total"
 RESULT = "result"
 AFFINITY_HIT = "hit"
 AFFINITY_SPILL = "spill"
+AFFINITY_NEW = "new"
 
 
 def is_error(code: str) -> bool:

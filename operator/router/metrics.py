@@ -81,7 +81,8 @@ class RouterMetrics:
         )
         self.prefix_affinity = Counter(
             m.PREFIX_AFFINITY,
-            "Requests placed by prefix or session affinity: on the key's replica (hit) or passed on for load (spill).",
+            "Requests placed by prefix or session affinity: where the key's prefix should be cached (hit), passed "
+            "on from there for load (spill), or new to the router, so placed by load (new).",
             [*per_revision, m.RESULT], registry=r,
         )  # fmt: skip
         self.held = Gauge(m.HELD, "Requests held until a replica is ready (scale from zero).", [m.ISVC], registry=r)
@@ -122,8 +123,8 @@ class RouterMetrics:
             self._child(self.ejections, revision, replica).inc()
         self._child(self.ejected, revision, replica).set(1 if ejected else 0)
 
-    def affinity(self, revision: str, spilled: bool) -> None:
-        self._child(self.prefix_affinity, revision, m.AFFINITY_SPILL if spilled else m.AFFINITY_HIT).inc()
+    def affinity(self, revision: str, result: str) -> None:
+        self._child(self.prefix_affinity, revision, result).inc()
 
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()

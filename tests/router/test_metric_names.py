@@ -31,7 +31,7 @@ def test_the_router_exports_every_name_with_its_labels() -> None:
         assert name in samples, name
         assert samples[name][m.ISVC] == "chat"
     assert samples[m.REQUESTS] == {m.ISVC: "chat", m.REVISION: "r1", m.CODE: "503"}
-    metrics.affinity("r1", spilled=True)
+    metrics.affinity("r1", m.AFFINITY_SPILL)
     affinity = {s.name: s.labels for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
                 if s.name == m.PREFIX_AFFINITY}
     assert m.PREFIX_AFFINITY == "folio_router_prefix_affinity_total"

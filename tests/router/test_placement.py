@@ -45,7 +45,8 @@ async def test_requests_sharing_a_prefix_meet_on_one_replica(router: RouterFacto
                 homes.setdefault(tenant, set()).add(await _chat(r, _system(tenant), f"question {question}"))
         assert all(len(served) == 1 for served in homes.values()), homes  # one replica per tenant
         assert len(set().union(*homes.values())) > 1  # and the tenants spread over the fleet
-        assert r.metric(m.PREFIX_AFFINITY, revision="r1", result="hit") == 48
+        assert r.metric(m.PREFIX_AFFINITY, revision="r1", result="new") == 8  # each tenant's first: by load
+        assert r.metric(m.PREFIX_AFFINITY, revision="r1", result="hit") == 40
         assert r.metric(m.PREFIX_AFFINITY, revision="r1", result="spill") == 0
 
 
@@ -73,7 +74,9 @@ async def test_a_hot_prefix_spills_to_other_replicas_instead_of_piling_up(router
         assert per_replica[-1] == 4 and sum(n > 0 for n in per_replica) >= 3, per_replica
         hits = r.metric(m.PREFIX_AFFINITY, revision="r1", result="hit")
         spills = r.metric(m.PREFIX_AFFINITY, revision="r1", result="spill")
-        assert hits + spills == 12 and spills >= 12 - 4
+        assert r.metric(m.PREFIX_AFFINITY, revision="r1", result="new") == 1
+        # a spill is a request that left every replica the prefix had been at: one per replica it reached
+        assert spills == sum(n > 0 for n in per_replica) - 1 and hits == 12 - 1 - spills
         hold.set()
         await asyncio.gather(*pending)
         # once the burst is over the prefix goes home again: to its owner on the ring

@@ -92,3 +92,54 @@ def test_place_skips_members_that_are_not_candidates() -> None:
     member, spilled = place(ring, h, lambda m: 0, lambda m: m != owner, 1.25)
     assert member == second and not spilled  # the owner is down: its successor is the key's home now
     assert place(ring, h, lambda m: 0, lambda m: False, 1.25) == (None, False)
+
+
+def test_a_key_no_member_holds_goes_to_the_least_loaded_ties_in_ring_order() -> None:
+    ring = _ring(["a", "b", "c", "d"])
+    h = KEYS[2]
+    order = list(ring.walk(h))
+    loads = {order[0]: 2, order[1]: 1, order[2]: 1, order[3]: 3}
+    # the bound (ceil(1.25 x 8 / 4) = 3) would take the owner; with no cache to meet, the least loaded wins
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25) == (order[0], False)
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders=None) == (order[1], True)
+    usage = {order[1]: 0.9, order[2]: 0.1}
+    tie = lambda m: usage.get(m, 0.0)  # noqa: E731
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders=None, tie=tie) == (order[2], True)
+    idle = place(ring, h, lambda m: 0, lambda m: True, 1.25, holders=None)
+    assert idle == (order[0], False)  # an idle ring: the owner, so the key's next request finds it there
+
+
+def test_distinct_keys_with_no_holders_spread_like_least_loaded() -> None:
+    ring = _ring(["a", "b", "c", "d"])
+    loads = Counter[str]()
+    for h in KEYS[:401]:  # requests that never finish, each with a prefix of its own
+        member, _ = place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders=None)
+        assert member is not None
+        loads[member] += 1
+        assert max(loads.values()) - min(loads[m] for m in "abcd") <= 1
+    # on the ring alone the same keys pile up on their owners, up to the bound
+    ringed = Counter[str]()
+    for h in KEYS[:401]:
+        member, _ = place(ring, h, ringed.__getitem__, lambda m: True, 1.25)
+        assert member is not None
+        ringed[member] += 1
+    assert max(ringed.values()) - min(ringed.values()) > 1
+
+
+def test_a_key_goes_back_to_a_member_that_holds_it_before_the_ring_choice() -> None:
+    ring = _ring(["a", "b", "c", "d"])
+    h = KEYS[3]
+    owner, second, third, fourth = ring.walk(h)
+    loads = {owner: 1, second: 1, third: 1, fourth: 0}
+    # it spilled to `third` once: there it goes (under ceil(1.25 x 4 / 4) = 2; no spill: its cache is there),
+    # not to its owner nor to the idle one
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={third}) == (third, False)
+    # of several holders under the bound, the least loaded; ring order between equals
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={fourth, third}) == (fourth, False)
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={second, third}) == (second, False)
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={owner, second}) == (owner, False)
+    # every holder over the bound (ceil(1.25 x 5 / 4) = 2): along the ring from the owner, and that is a spill
+    loads = {owner: 1, second: 0, third: 3, fourth: 0}
+    assert place(ring, h, loads.__getitem__, lambda m: True, 1.25, holders={third}) == (owner, True)
+    # a holder that is not a candidate (down) is passed over the same way
+    assert place(ring, h, lambda m: 0, lambda m: m != third, 1.25, holders={third}) == (owner, True)

@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, for bench._process
 
 from bench._peers import pinned
-from bench._process import free_port, wait_healthy
+from bench._procs import free_port, wait_healthy
 from folio.operator.analysis.parity import describe_diff, describe_figures
 from folio.operator.analysis.parity_run import run_gate
 from folio.operator.analysis.parity_suite import default_suite

@@ -39,7 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support.models: the SmolLM2 conversion the tests use
 
-from bench._process import free_port, wait_healthy  # noqa: E402
+from bench._procs import free_port, wait_healthy  # noqa: E402
 
 TOPICS = ["the ocean", "a lighthouse", "mountains", "a library", "the moon", "trains", "gardens", "rain"]
 

@@ -26,8 +26,21 @@ async def until(cond, timeout: float = 15.0, sup: Supervisor | None = None) -> N
     await wait_until(cond, timeout, tick=sup.tick if sup is not None else None)
 
 
+_before: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _earlier_children() -> None:
+    """Children this process had before the test (e.g. multiprocessing's resource tracker, which a
+    test elsewhere in the session may have started and which lives as long as the interpreter)."""
+    _before.clear()
+    _before.update(p.pid for p in psutil.Process().children(recursive=True))
+
+
 def descendants() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    """The processes the test started that still run."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in _before and p.status() != psutil.STATUS_ZOMBIE]
 
 
 async def test_replicas_become_ready_on_distinct_ports_and_stop(tmp_path: Path) -> None:

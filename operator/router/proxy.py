@@ -117,9 +117,12 @@ class Proxy:
 
     async def forward(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
         if self.hold.must_wait():  # nothing ready (scaled to zero), or others are held already
-            return await self.hold.run(lambda: self._route(req, downstream),
-                                       lambda why: self._unheld(req, downstream, why))
-        return await self._route(req, downstream)
+            return await self._held(req, downstream)
+        return await self._route(req, downstream, hold_unreachable=True)
+
+    async def _held(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
+        return await self.hold.run(lambda: self._route(req, downstream),
+                                   lambda why: self._unheld(req, downstream, why))
 
     async def _unheld(self, req: ProxyRequest, downstream: web.Request, why: str) -> web.StreamResponse:
         """A request the hold queue could not keep: overflow when configured, else 503 and when to retry."""
@@ -128,7 +131,11 @@ class Proxy:
         return error_response(503, f"no replica is ready: {why}", code="no_ready_replica",
                               headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def _route(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
+    async def _route(
+        self, req: ProxyRequest, downstream: web.Request, *, hold_unreachable: bool = False
+    ) -> web.StreamResponse:
+        """Place the request and relay the answer; ``hold_unreachable``: a request whose replicas all
+        turned out gone (a scale to zero the config has not shown yet) is held instead of failed."""
         state = self.state
         config, balancer = state.config, state.balancer
         stable = config.stable_revision
@@ -174,6 +181,8 @@ class Proxy:
             return web.Response(status=failure.status, body=failure.body, headers=failure.headers)
         if failure.code == TIMEOUT:
             return timed_out_response(failure.reason)
+        if hold_unreachable and self.hold.must_wait():  # nothing answered and nothing is left ready
+            return await self._held(req, downstream)
         return error_response(502, f"upstream unreachable: {failure.reason}", code="upstream_unreachable")
 
     async def _overflow(

@@ -12,7 +12,7 @@ from folio.operator.router import metric_names as m
 from folio.operator.router.config import RouterConfig
 from folio.operator.router.sources import InProcessSource
 from tests.router.conftest import RouterFactory
-from tests.router.upstreams import FakeUpstream, serving
+from tests.router.upstreams import FakeUpstream, dead_url, serving
 from tests.support.wait import until
 
 TRAFFIC = [{"revision": "r1", "weight": 100}]
@@ -119,3 +119,18 @@ async def test_without_holding_no_replica_is_503_at_once(router: RouterFactory) 
         resp = await r.complete()
         assert resp.status_code == 503 and _error(resp)["code"] == "no_upstream"
         assert (await r.client.get("/ready")).status_code == 503
+
+
+async def test_a_replica_found_gone_holds_the_request_instead_of_failing_it(router: RouterFactory) -> None:
+    """Scaled to zero before the config says so: the only replica refuses connections, so the request
+    (which reached no engine) is held like any other with nothing ready, and served once one is."""
+    up = FakeUpstream("r1")
+    config = {"traffic": TRAFFIC, "stable": "r1", "holding": holding(), "endpoints": {"r1": [dead_url()]}}
+    async with serving(up), router(**config) as r:
+        pending = asyncio.ensure_future(r.complete())
+        await until(lambda: r.metric(m.HELD) == 1, what="the request held after the refused connection")
+        assert not pending.done()
+        r.set(traffic=TRAFFIC, stable="r1", holding=holding(), endpoints={"r1": [up.url]})
+        resp = await pending
+        assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
+        assert r.metric(m.HELD_TOTAL, outcome="served") == 1

@@ -7,7 +7,8 @@
 2. Projections: time per projection (SmolLM2's and Gemma 3 270M's shapes) with
    MKL's `F.linear` on the weight row-major (as loaded) and column-major (what the engine does without
    oneDNN), and oneDNN's matmul on the row-major weight and on the weight prepacked into its blocked
-   layout (`folio.engine.layers.linear`: what the engine does), at decode batches 8 and 64.
+   layout (`folio.engine.layers.linear`: what the engine does), at decode batches 8 and 64; and in
+   bfloat16, `F.linear` against the prepacked weight at batches 64 and 256.
 
     .venv/bin/python bench/cpu_paths.py [--threads 1] [--output-len 64] [--projections-only]
 """
@@ -77,7 +78,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from throughput import model_dir
 
-    from folio.engine.layers.linear import ONEDNN, linear, pack_for_onednn
+    from folio.engine.layers.linear import ONEDNN, ONEDNN_BF16, linear, pack_for_onednn
     from folio.kernels import decode_attention_cpu
     from tests.support.models import smollm2_safetensors
 
@@ -109,6 +110,21 @@ def main() -> int:
             print(f"linear {name:14s} batch {batch:2d}: MKL row-major {row:7.3f} ms, column-major {col:7.3f} ms, "
                   f"oneDNN {dnn:7.3f} ms, prepacked {dnn_packed:7.3f} ms; oneDNN vs the better MKL "
                   f"{min(row, col) / dnn:.2f}x, prepacked vs row-major oneDNN {dnn / dnn_packed:.2f}x", flush=True)
+    if not ONEDNN_BF16:
+        print("no bfloat16 instructions for oneDNN here: bfloat16 weights are not prepacked")
+        return 0
+    for batch in (64, 256):  # bfloat16: F.linear (oneDNN, re-laid-out per call) against the prepacked weight
+        for name, (out_features, in_features) in shapes.items():
+            x = torch.randn(batch, in_features).bfloat16()
+            w = (torch.randn(out_features, in_features) * 0.05).bfloat16()
+            packed = pack_for_onednn(w)
+            assert torch.equal(linear(x, packed), F.linear(x, w))  # the same GEMM, bit for bit
+            timings = [(linear_ms(F.linear, x, w), linear_ms(linear, x, packed)) for _ in range(3)]
+            plain, dnn_packed = (min(t[i] for t in timings) for i in range(2))
+            flops = 2 * batch * out_features * in_features
+            print(f"bfloat16 linear {name:14s} batch {batch:3d}: F.linear {plain:7.3f} ms, prepacked "
+                  f"{dnn_packed:7.3f} ms ({flops / dnn_packed / 1e6:.0f} GFLOP/s); {plain / dnn_packed:.2f}x",
+                  flush=True)
     return 0
 
 

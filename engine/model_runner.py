@@ -107,8 +107,8 @@ class ModelRunner:
         self.block_tables = BlockTables(block_size, device)
         self.use_kernels = device.type == "cuda"
         model.use_kernels(self.use_kernels)
-        if device.type == "cpu" and dtype == torch.float32:
-            model.store_weights_for_cpu_float32()
+        if device.type == "cpu":
+            model.store_weights_for_cpu(dtype)
         # CPU decode attention: the native kernel where this build has it, else gather + SDPA in buckets
         self.native_decode = device.type == "cpu" and decode_attention_cpu.supports(self.kv_caches[0][0])
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None

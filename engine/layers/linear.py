@@ -1,4 +1,5 @@
-"""Projections ``x @ weight.T + bias``: `F.linear`, except float32 on the CPU, which goes to oneDNN's matmul.
+"""Projections ``x @ weight.T + bias``: `F.linear`, except on the CPU, where weights prepacked for oneDNN go to
+oneDNN's matmul directly.
 
 `F.linear`'s float32 CPU GEMM is MKL's, and MKL chooses its kernels by CPU vendor: on the AMD EPYC
 development machine (AVX-512) it stays well below what oneDNN reaches on the same core. oneDNN (bundled
@@ -8,6 +9,11 @@ batch 1 (`bench/cpu_paths.py`, bench/README.md); its results differ from MKL's o
 (summation order). The engine hands it weights prepacked into oneDNN's blocked layout once at start-up
 (`pack_for_onednn`), which saves the per-call re-layout: 1.46-1.86x per projection at decode batches of
 8-17, 1.13x at 64, 1.06-1.09x on prefill chunks (bench/cpu_paths.py).
+
+bfloat16: `F.linear` already runs oneDNN's matmul on a CPU with bfloat16 instructions (AVX-512 BF16, AMX),
+but re-lays-out the weight on every call; prepacked, the same GEMM gives bit-identical results 1.03-1.17x
+faster per projection on the development machine (bench/README.md). Where the CPU lacks those instructions
+bfloat16 weights stay as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+ONEDNN_BF16 = ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
@@ -27,9 +34,15 @@ def uses_onednn(x: torch.Tensor) -> bool:
 PACK_BATCH_HINT = 256
 
 
+def packs(dtype: torch.dtype) -> bool:
+    """Whether CPU weights of this dtype are prepacked for oneDNN."""
+    return (dtype == torch.float32 and ONEDNN) or (dtype == torch.bfloat16 and ONEDNN_BF16)
+
+
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor that only `linear` reads)."""
-    assert ONEDNN and weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+    """``weight`` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor that only `linear` reads); the
+    inputs it multiplies must have its dtype."""
+    assert packs(weight.dtype) and weight.dim() == 2 and weight.device.type == "cpu"
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext
-from folio.engine.layers.linear import ONEDNN, linear, pack_for_onednn
+from folio.engine.layers.linear import linear, pack_for_onednn, packs
 from folio.engine.layers.moe import SparseMoE
 from folio.engine.layers.norm import RMSNorm
 from folio.engine.layers.rotary import RotaryEmbedding
@@ -125,26 +125,30 @@ class DecoderLM(nn.Module):
 
     # --- device placement -----------------------------------------------------------------------------
 
-    def store_weights_for_cpu_float32(self) -> None:
-        """Lay the float32 projection weights out for the CPU's fastest GEMM, once.
+    def store_weights_for_cpu(self, dtype: torch.dtype) -> None:
+        """Lay the projection weights out for the CPU's fastest GEMM, once.
 
-        With oneDNN (`folio.engine.layers.linear`): each decoder projection and the LM head are prepacked
-        into oneDNN's blocked layout. The embedding table stays as is for its row lookups; stacked expert
-        weights stay row-major (indexed per expert).
+        With oneDNN (`folio.engine.layers.linear`; float32, and bfloat16 where the CPU has bfloat16
+        instructions): each decoder projection and the LM head are prepacked into oneDNN's blocked layout.
+        The embedding table stays as is for its row lookups; stacked expert weights stay row-major (indexed
+        per expert).
 
-        Without oneDNN, `F.linear` runs MKL's GEMM, which reads a contiguous transpose as is instead of
-        re-laying-out the whole weight on every call: each projection is kept column-major (1.03-1.25x per
-        projection at decode batch sizes, bit-identical).
+        float32 without oneDNN: `F.linear` runs MKL's GEMM, which reads a contiguous transpose as is instead
+        of re-laying-out the whole weight on every call: each projection is kept column-major (1.03-1.25x per
+        projection at decode batch sizes, bit-identical). bfloat16 is slower that way and stays as it is.
         """
-        if ONEDNN:
+        if packs(dtype):
             for module in self.layers.modules():
                 for name, param in list(module.named_parameters(recurse=False)):
                     if name in _PROJECTIONS and param.dim() == 2:
                         setattr(module, name, nn.Parameter(pack_for_onednn(param), requires_grad=False))
             # A head tied to the embedding gets a packed copy of its own (SmolLM2: 113 MiB; Gemma 3 270M:
-            # 640 MiB): the vocabulary-wide GEMM is the largest of a step, 1.2x faster at batch 64, 1.8x at 8.
+            # 640 MiB, in float32): the vocabulary-wide GEMM is the largest of a step, 1.2x faster at batch 64,
+            # 1.8x at 8.
             head = self.embed_tokens if self.lm_head is None else self.lm_head
             self.lm_head = nn.Parameter(pack_for_onednn(head), requires_grad=False)
+            return
+        if dtype != torch.float32:
             return
         for layer in self.layers:
             for param in layer.parameters():

@@ -72,6 +72,28 @@ def test_float32_cpu_projections_change_no_token(tiny_variant, monkeypatch) -> N
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == fast
 
 
+@pytest.mark.skipif(not linear.ONEDNN_BF16, reason="this CPU has no bfloat16 instructions for oneDNN")
+def test_bfloat16_cpu_projections_are_prepacked_and_change_no_token(tiny_variant) -> None:
+    """Where oneDNN has bfloat16 instructions the projections and the LM head are prepacked for it; the
+    tokens are those of `F.linear` over the plain row-major weights (the same GEMM, re-laid-out per call)."""
+    llm = LLM(str(tiny_variant("llama-gqa2")), dtype="bfloat16")
+    model = llm.llm_engine.runner.model
+    layer = model.layers[0]
+    packed = [layer.self_attn.qkv_weight, layer.self_attn.o_weight, layer.mlp.gate_up_weight,
+              layer.mlp.down_weight, model.lm_head]
+    assert all(w.is_mkldnn and w.dtype == torch.bfloat16 for w in packed)
+    prompts = [[5, 9, 200, 31, 7], list(range(3, 40))]
+    fast = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    plain = LLM(str(tiny_variant("llama-gqa2")), dtype="bfloat16")
+    unpack = plain.llm_engine.runner.model
+    for module in unpack.modules():  # back to row-major dense weights: F.linear
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_mkldnn:
+                setattr(module, name, torch.nn.Parameter(param.to_dense(), requires_grad=False))
+    assert not any(p.is_mkldnn for p in unpack.parameters())
+    assert [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)] == fast
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_matches_f_linear(dtype) -> None:
     g = torch.Generator().manual_seed(0)

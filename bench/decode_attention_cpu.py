@@ -1,0 +1,119 @@
+"""The native CPU decode-attention kernel (kernels/csrc/paged_decode_cpu.c) against its own variants, in one run.
+
+Builds the kernel three ways with the flags setup.py uses: the portable path only (what bfloat16 ran before
+it had an AVX-512 path), the AVX-512 path without software prefetching, and the AVX-512 path as shipped.
+Each variant runs in its own process, pinned to one core with one thread, over the throughput benchmark's
+decode shapes: SmolLM2's 9 query / 3 KV heads of 64, 64 sequences of 100-300 tokens, 16-token blocks
+scattered over 30 layers' caches (2 GiB in float32, as `--kv-cache-memory-gib 2`), so that every layer's
+K/V comes from DRAM as it does in the engine. Correctness of every path is tests/kernels' business; reported: ms per layer call, GB/s of K/V read, and each
+variant's speed against the portable one.
+
+    .venv/bin/python bench/decode_attention_cpu.py [--rounds 2] [--core 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "kernels" / "csrc" / "paged_decode_cpu.c"
+FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11", "-pthread"]  # setup.py's
+VARIANTS = {"portable": ["-DFOLIO_PORTABLE_ONLY"], "avx512, no prefetch": ["-DFOLIO_NO_PREFETCH"], "shipped": []}
+BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
+RESULT = "FOLIO_BENCH_RESULT "
+
+
+def build(out_dir: Path) -> dict[str, Path]:
+    cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
+    include = sysconfig.get_paths()["include"]
+    built = {}
+    for name, defines in VARIANTS.items():
+        so = out_dir / f"{name.replace(' ', '_').replace(',', '')}" / "_cpu_attention.so"
+        so.parent.mkdir()
+        subprocess.run([cc, "-shared", "-fPIC", *FLAGS, *defines, f"-I{include}", str(SOURCE), "-o", str(so)],
+                       check=True)
+        built[name] = so
+    return built
+
+
+def measure(so: Path, dtype_name: str, calls: int) -> dict:
+    """ms per layer call of the variant at ``so`` (run in a process of its own)."""
+    import importlib.machinery
+    import importlib.util
+
+    import torch
+
+    torch.set_num_threads(1)
+    loader = importlib.machinery.ExtensionFileLoader("_cpu_attention", str(so))
+    spec = importlib.util.spec_from_file_location("_cpu_attention", so, loader=loader)
+    assert spec is not None
+    kernel = importlib.util.module_from_spec(spec)
+    loader.exec_module(kernel)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    g = torch.Generator().manual_seed(0)
+    num_blocks = (2 << 30) // (2 * BLOCK * KV_HEADS * HEAD_DIM * 4 * LAYERS)
+    caches = [(torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype),
+               torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)) for _ in range(LAYERS)]
+    lens = torch.randint(100, 301, (BATCH,), generator=g, dtype=torch.int32)
+    per_seq = 300 // BLOCK + 1
+    tables = torch.randperm(num_blocks, generator=g)[: BATCH * per_seq].view(BATCH, per_seq).to(torch.int32)
+    q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=g).to(dtype)
+    out = torch.empty_like(q)
+    code = {torch.float32: 0, torch.bfloat16: 1}[dtype]
+
+    def call(k: torch.Tensor, v: torch.Tensor) -> None:
+        kernel.paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                            out.data_ptr(), BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, num_blocks, tables.stride(0),
+                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), HEAD_DIM**-0.5, code, 1, 0)
+
+    for k, v in caches:  # warm up: every page touched once
+        call(k, v)
+    start = time.perf_counter()
+    for i in range(calls):
+        call(*caches[i % LAYERS])
+    seconds = (time.perf_counter() - start) / calls
+    read = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * q.element_size()
+    return {"ms": seconds * 1e3, "gb_s": read / seconds / 1e9}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; each variant's best is kept")
+    parser.add_argument("--calls", type=int, default=150)
+    parser.add_argument("--core", default="1")
+    parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
+    args = parser.parse_args()
+    if args.measure:
+        print(RESULT + json.dumps(measure(Path(args.measure[0]), args.measure[1], args.calls)), flush=True)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        built = build(Path(tmp))
+        for dtype in ("float32", "bfloat16"):
+            best: dict[str, dict] = {}
+            for _ in range(args.rounds):
+                for name, so in built.items():
+                    cmd = ["taskset", "-c", args.core, sys.executable, __file__, "--measure", str(so), dtype,
+                           "--calls", str(args.calls)]
+                    env = dict(os.environ, OMP_NUM_THREADS="1")
+                    line = next(x for x in subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                                          env=env).stdout.splitlines() if x.startswith(RESULT))
+                    r = json.loads(line[len(RESULT):])
+                    if name not in best or r["ms"] < best[name]["ms"]:
+                        best[name] = r
+            base = best["portable"]["ms"]
+            for name, r in best.items():
+                print(f"{dtype:9s} {name:20s} {r['ms']:7.3f} ms per layer call  {r['gb_s']:5.1f} GB/s  "
+                      f"{base / r['ms']:5.2f}x the portable path", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

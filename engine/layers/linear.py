@@ -11,9 +11,9 @@ batch 1 (`bench/cpu_paths.py`, bench/README.md); its results differ from MKL's o
 8-17, 1.13x at 64, 1.06-1.09x on prefill chunks (bench/cpu_paths.py).
 
 bfloat16: `F.linear` already runs oneDNN's matmul on a CPU with bfloat16 instructions (AVX-512 BF16, AMX),
-but re-lays-out the weight on every call; prepacked, the same GEMM gives bit-identical results 1.03-1.17x
-faster per projection on the development machine (bench/README.md). Where the CPU lacks those instructions
-bfloat16 weights stay as they are.
+but re-lays-out the weight on every call; prepacked, the same GEMM gives bit-identical results without
+that cost (bench/cpu_paths.py compares the two). Where the CPU lacks those instructions bfloat16 weights
+stay as they are.
 """
 
 from __future__ import annotations

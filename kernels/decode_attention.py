@@ -47,19 +47,21 @@ def paged_decode_attention(
             lambda: f"max_context_len {max_context_len} exceeds the block tables' capacity of {capacity} tokens")
     require(num_splits is None or num_splits >= 1, lambda: f"num_splits must be >= 1, got {num_splits}")
     window = check_window(window)
-    if device.type == "cpu" and batch > 0:
+    if batch == 0:
+        return torch.empty_like(q)
+    native = not use_triton(backend, device) and use_native(
+        backend, decode_attention_cpu.supports(q), f"{q.dtype} queries on {device}")
+    if native:  # it checks the lengths itself, in a loop of its own (every layer of every step lands here)
+        return decode_attention_cpu.decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                                         window=window, max_context_len=max_context_len)
+    if device.type == "cpu":
         # Value checks cost a device sync on CUDA, so there the caller's metadata is trusted.
         lo, hi = int(context_lens.min()), int(context_lens.max())
         require(lo >= 0 and hi <= max_context_len,
                 lambda: f"context_lens must lie in [0, {max_context_len}], got [{lo}, {hi}]")
-    if batch == 0:
-        return torch.empty_like(q)
     if use_triton(backend, device):
         from folio.kernels.decode_attention_triton import decode_attention_triton
 
         return decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
                                        max_context_len=max_context_len, num_splits=num_splits, window=window)
-    if use_native(backend, decode_attention_cpu.supports(q), f"{q.dtype} queries on {device}"):
-        return decode_attention_cpu.decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                                         window=window)
     return decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, window)

@@ -54,10 +54,12 @@ def supports(q: torch.Tensor) -> bool:
 
 def decode_attention_cpu(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, *, window: int | None = None,
+    context_lens: torch.Tensor, scale: float, *, window: int | None = None, max_context_len: int | None = None,
 ) -> torch.Tensor:
     """``q [B, Hq, D]`` (unit last stride) over contiguous caches; block tables and lengths int32; a sliding
-    ``window`` limits each query to its sequence's last ``window`` tokens."""
+    ``window`` limits each query to its sequence's last ``window`` tokens. A length outside
+    ``[0, max_context_len]`` (default: the block tables' capacity) raises ValueError, as does a block id
+    outside the cache."""
     assert _cpu_attention is not None, "folio.kernels._cpu_attention was not built"
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(-1) == 1
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
@@ -69,6 +71,6 @@ def decode_attention_cpu(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         out.data_ptr(), batch, heads, kv_heads, head_dim, block_size, k_cache.shape[0], block_tables.stride(0),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, DTYPES[q.dtype], torch.get_num_threads(),
-        window or 0,
+        window or 0, block_tables.shape[1] * block_size if max_context_len is None else max_context_len,
     )
     return out

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.engine.layers.context import AttentionContext, PrefillSegment
+from folio.kernels import fused_cpu
 from folio.kernels.decode_attention import paged_decode_attention
 from folio.kernels.kv_store import store_kvcache
 from folio.kernels.prefill_attention import paged_prefill_attention
@@ -35,8 +36,11 @@ def paged_attention(
     if ctx.use_kernels:
         return _kernel_attention(q, k, v, k_cache, v_cache, ctx, scale, window)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
+    if fused_cpu.can_store(k, v):
+        fused_cpu.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+    else:
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
     out = torch.empty_like(q)
     gqa = q.shape[1] != num_kv_heads
     for seg in ctx.prefills:

@@ -10,6 +10,7 @@ from torch import nn
 
 from folio.engine.layers.linear import linear
 from folio.engine.layers.weights import CheckpointNames, empty_param
+from folio.kernels import fused_cpu
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -30,11 +31,15 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.act = activation(act)
+        self.silu = act == "silu"  # the CPU has a native SiLU-and-multiply
         self.gate_up_weight = empty_param(2 * intermediate_size, hidden_size)
         self.down_weight = empty_param(hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        gate_up = linear(x, self.gate_up_weight)
+        if self.silu and gate_up.dim() == 2 and fused_cpu.supports(gate_up):
+            return linear(fused_cpu.silu_and_mul(gate_up), self.down_weight)
+        gate, up = gate_up.chunk(2, dim=-1)
         return linear(self.act(gate).mul_(up), self.down_weight)
 
     def checkpoint_names(self) -> CheckpointNames:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.kernels import fused_cpu
 from folio.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 
@@ -33,6 +34,8 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if x.dim() == 2 and fused_cpu.supports(x):  # the native CPU op: one pass, the same roundings
+            return fused_cpu.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

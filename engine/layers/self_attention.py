@@ -13,6 +13,7 @@ from folio.engine.layers.context import AttentionContext
 from folio.engine.layers.linear import linear
 from folio.engine.layers.rotary import RotaryEmbedding, rotate
 from folio.engine.layers.weights import CheckpointNames, empty_param
+from folio.kernels import fused_cpu
 
 
 class SelfAttention(nn.Module):
@@ -55,7 +56,9 @@ class SelfAttention(nn.Module):
         cos_sin = ctx.rope_cos_sin.get(self.rotary)
         if cos_sin is not None and self.q_norm is None:  # PyTorch path: rotate q and k heads in one pass
             qk = qkv[:, :k_end].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = rotate(qk, *cos_sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            # natively in place (qkv is this layer's own), else into a new tensor
+            qk = fused_cpu.rotate_(qk, *cos_sin) if fused_cpu.supports(qk) else rotate(qk, *cos_sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         else:
             q = qkv[:, :q_end].view(-1, self.num_heads, self.head_dim)
             k = qkv[:, q_end:k_end].view(-1, self.num_kv_heads, self.head_dim)

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 };
+#include "cpu_vec.h"
 
 typedef struct {
     const void *q, *k_cache, *v_cache;
@@ -45,29 +45,7 @@ typedef struct {
     int failed; /* FAIL_* */
 } Work;
 
-enum { FAIL_NONE = 0, FAIL_MEMORY = 1, FAIL_BLOCK = 2 };
-
-/* Multi-versioned so that one build uses AVX-512 or AVX2 where the machine has them. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HOT
-#endif
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
+enum { FAIL_NONE = 0, FAIL_MEMORY = 1, FAIL_BLOCK = 2, FAIL_LENGTH = 3 };
 
 /* exp(x) for x <= 0 (softmax arguments once the max is subtracted), in a form the compiler vectorizes:
  * Cephes' expf, 2^n * p(r) with r = x - n ln2 (ln2 split in two for exactness) and a degree-7 polynomial;
@@ -199,8 +177,7 @@ HOT static int attend_any(const Problem *p, int64_t b, float *s, float *a, float
 }
 
 /* FOLIO_PORTABLE_ONLY and FOLIO_NO_PREFETCH build the variants bench/decode_attention_cpu.py compares. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(FOLIO_PORTABLE_ONLY)
-#include <immintrin.h>
+#if defined(FOLIO_X86) && !defined(FOLIO_PORTABLE_ONLY)
 #define HAVE_AVX512_PATH 1
 
 /* exp_nonpositive for 16 lanes (the same Cephes polynomial). */
@@ -221,31 +198,6 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
-}
-
-/* 16 cached values as float32: float32 loaded as is, bfloat16 widened exactly (its bits are a float32's top
- * half). `bf16` is a compile-time constant wherever this is inlined. */
-__attribute__((target("avx512f"), always_inline)) static inline __m512 load16(const void *base, int64_t i,
-                                                                              const int bf16) {
-    if (!bf16) return _mm512_loadu_ps((const float *)base + i);
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-/* 16 results stored as float32, or rounded to bfloat16 as f32_to_bf16 does (nearest even; NaN stays quiet). */
-__attribute__((target("avx512f"), always_inline)) static inline void store16(void *base, int64_t i, __m512 x,
-                                                                             const int bf16) {
-    if (!bf16) {
-        _mm512_storeu_ps((float *)base + i, x);
-        return;
-    }
-    const __m512i bits = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), _mm512_cvtepi32_epi16(r));
 }
 
 /* Asks for `bytes` from `at` on, a cache line at a time, ahead of their use. */
@@ -419,8 +371,10 @@ static void team_member(void *arg) { /* the team may be smaller than asked for: 
 /* Below this many (query head x key) pairs a thread costs more to start than it saves. */
 #define MIN_PAIRS_PER_THREAD 32768
 
-static int run(const Problem *p, int64_t batch, int threads) {
+static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     int64_t total = 0, max_len = 0;
+    for (int64_t b = 0; b < batch; ++b) /* a longer context would read past its block table */
+        if (p->context_lens[b] < 0 || p->context_lens[b] > capacity) return FAIL_LENGTH;
     for (int64_t b = 0; b < batch; ++b) {
         const int64_t len = p->context_lens[b] - first_key(p, p->context_lens[b]); /* keys it reads */
         total += len;
@@ -466,12 +420,13 @@ static int run(const Problem *p, int64_t batch, int threads) {
 static PyObject *paged_decode(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long q, k_cache, v_cache, tables, lens, out;
-    long long batch, heads, kv_heads, head_dim, block_size, num_blocks, table_stride, qsb, qsh, osb, osh, window;
+    long long batch, heads, kv_heads, head_dim, block_size, num_blocks, table_stride, qsb, qsh, osb, osh, window,
+        capacity;
     float scale;
     int dtype, threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLLLLfiiL", &q, &k_cache, &v_cache, &tables, &lens, &out, &batch,
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLLLLLLLfiiLL", &q, &k_cache, &v_cache, &tables, &lens, &out, &batch,
                           &heads, &kv_heads, &head_dim, &block_size, &num_blocks, &table_stride, &qsb, &qsh,
-                          &osb, &osh, &scale, &dtype, &threads, &window))
+                          &osb, &osh, &scale, &dtype, &threads, &window, &capacity))
         return NULL;
     if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 || block_size < 1 ||
         window < 0 || (dtype != DTYPE_F32 && dtype != DTYPE_BF16)) {
@@ -484,8 +439,12 @@ static PyObject *paged_decode(PyObject *self, PyObject *args) {
         heads, kv_heads, head_dim, block_size, table_stride, num_blocks, qsb, qsh, osb, osh, scale, dtype, window,
     };
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run(&p, batch, threads < 1 ? 1 : threads);
+    Py_BEGIN_ALLOW_THREADS rc = run(&p, batch, threads < 1 ? 1 : threads, capacity);
     Py_END_ALLOW_THREADS if (rc == FAIL_MEMORY) return PyErr_NoMemory();
+    if (rc == FAIL_LENGTH) {
+        PyErr_Format(PyExc_ValueError, "context_lens must lie in [0, %lld]", capacity);
+        return NULL;
+    }
     if (rc == FAIL_BLOCK) {
         PyErr_Format(PyExc_ValueError, "block_tables holds a block id outside [0, %lld) for a token in context",
                      num_blocks);
@@ -515,7 +474,7 @@ static PyMethodDef methods[] = {
     {"paged_decode", paged_decode, METH_VARARGS,
      "paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, batch, heads, kv_heads, head_dim, "
      "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads, "
-     "window): "
+     "window, max_context_len): "
      "pointers and sizes already checked by folio.kernels.decode_attention_cpu"},
     {NULL, NULL, 0, NULL},
 };

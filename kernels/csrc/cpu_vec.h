@@ -1,0 +1,69 @@
+/* What the CPU kernels (paged_decode_cpu.c, fused_cpu.c) share: dtype codes, float32 <-> bfloat16 with
+ * PyTorch's rounding, and 16-lane AVX-512 loads and stores of either dtype. */
+#ifndef FOLIO_CPU_VEC_H
+#define FOLIO_CPU_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 };
+
+/* Multi-versioned so that one build uses AVX-512 or AVX2 where the machine has them. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HOT
+#endif
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does; NaN stays a quiet NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FOLIO_X86 1
+
+/* 16 values as float32: float32 loaded as is, bfloat16 widened exactly (its bits are a float32's top half).
+ * `bf16` is a compile-time constant wherever this is inlined. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 load16(const void *base, int64_t i,
+                                                                              const int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)base + i);
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* The bfloat16 bits (in each lane's low half) of 16 float32 values, rounded as f32_to_bf16 rounds. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512i bf16_bits16(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+}
+
+/* 16 results stored as float32, or rounded to bfloat16. */
+__attribute__((target("avx512f"), always_inline)) static inline void store16(void *base, int64_t i, __m512 x,
+                                                                             const int bf16) {
+    if (!bf16) _mm512_storeu_ps((float *)base + i, x);
+    else _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), _mm512_cvtepi32_epi16(bf16_bits16(x)));
+}
+
+/* x as the tensor dtype would hold it: PyTorch rounds the result of every bfloat16 op. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 round16(__m512 x, const int bf16) {
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(x), 16)) : x;
+}
+#endif
+
+#endif

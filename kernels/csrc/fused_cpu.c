@@ -1,0 +1,363 @@
+/* Fused elementwise ops of the CPU decoder layer: residual add + RMSNorm, SiLU-and-multiply, the neox rotary
+ * embedding in place, and the scatter of new keys and values into the paged cache.
+ *
+ * PyTorch runs each of these as two to seven ops, every one a pass over memory with its own dispatch and its
+ * own temporary; on a small model's decode step, where the tensors are a few hundred kilobytes, that costs
+ * more than the arithmetic. Here each op is one pass over its rows, 16 lanes at a time.
+ *
+ * The roundings are the engine's PyTorch path's (transformers'): bfloat16 values are widened to float32,
+ * and every result PyTorch rounds to the tensor dtype is rounded here, to nearest even, at the same place.
+ * Products and sums are not contracted into fused multiply-adds (the build passes -ffp-contract=off), so
+ * the rotary embedding, the residual add and the KV scatter are bit-identical to PyTorch. The RMSNorm
+ * statistic (another summation order) and the SiLU exponential (another polynomial) may differ from
+ * PyTorch's in the last float32 bit; in bfloat16 that survives only where it crosses a rounding boundary,
+ * rarely, but over a long greedy generation one such flip can change a later token.
+ *
+ * AVX-512 only: float32 needs AVX-512F, bfloat16 also AVX512-BF16 (its rounding instruction; without it the
+ * emulated rounding makes these ops slower than PyTorch's). `dtypes()` says which this CPU runs; elsewhere
+ * the engine keeps its PyTorch code. Single-threaded: the tensors are small enough that a thread costs more
+ * to start than it saves. No torch headers: the Python wrapper (folio.kernels.fused_cpu) checks shapes,
+ * dtypes and strides and passes data pointers, so this builds as a plain C extension in a second.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_vec.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Element i of a float32 or bfloat16 array as float32; `bf16` is a compile-time constant where inlined. */
+INLINE float load(const void *base, int64_t i, const int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+INLINE void store(void *base, int64_t i, float x, const int bf16) {
+    if (bf16) ((uint16_t *)base)[i] = f32_to_bf16(x);
+    else ((float *)base)[i] = x;
+}
+
+/* x as the tensor dtype would hold it: PyTorch rounds every bfloat16 op's result. */
+INLINE float round_to(float x, const int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : x; }
+
+/* exp(x) over float32's range, branch-free so that it vectorizes: Cephes' expf, 2^n * p(r) with
+ * r = x - n ln2 (ln2 split in two for exactness) and a degree-7 polynomial; about 1 ulp. 2^n is applied in
+ * two halves so that results near FLT_MAX do not overflow early. */
+INLINE float exp_full(float x) {
+    const float c = x < -103.0f ? -103.0f : (x > 89.0f ? 89.0f : x);
+    const float n = rintf(c * 1.44269504088896341f);
+    const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const int32_t half = (int32_t)n / 2, e1 = (half + 127) << 23, e2 = ((int32_t)n - half + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &e1, sizeof s1);
+    memcpy(&s2, &e2, sizeof s2);
+    return x > 88.72283935546875f ? INFINITY : (x < -103.0f ? 0.0f : y * s1 * s2);
+}
+
+/* --- residual add + RMSNorm ------------------------------------------------------------------------- */
+
+typedef struct {
+    const void *x, *residual, *weight; /* residual NULL: no add */
+    void *out, *residual_out;          /* residual_out: x + residual, rounded (unused without residual) */
+    int64_t rows, hidden, x_stride, residual_stride; /* strides between rows, in elements */
+    float eps;
+} Norm;
+
+/* --- SiLU and multiply ------------------------------------------------------------------------------- */
+
+/* --- rotary embedding, in place ---------------------------------------------------------------------- */
+
+typedef struct {
+    void *x;                   /* [tokens, heads, head_dim] with strides (token_stride, head_stride, 1) */
+    const void *cos, *sin;     /* [tokens, half] each, rows cs_stride apart, in x's dtype */
+    int64_t tokens, heads, token_stride, head_stride, cs_stride, half;
+} Rotary;
+
+/* --- the kernels: 16 lanes at a time; a row's last width % 16 values take the scalar helpers above ------ */
+#ifdef FOLIO_X86
+/* The float32 instantiations carry the same target but hold no BF16 instruction (pack16 is reached only with
+ * bf16 set), so AVX-512F alone runs them. */
+#define TARGET __attribute__((target("avx512f,avx512bf16")))
+#define AVX512 TARGET __attribute__((always_inline)) static inline
+
+/* vcvtneps2bf16 rounds to nearest even as f32_to_bf16 does, NaN included, but flushes subnormals to zero:
+ * the rare vector that holds one takes the integer rounding instead. */
+AVX512 __m256i pack16(__m512 x) {
+    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 subnormal = /* 0 < |x| < 2^-126, as unsigned integers: |x| - 1 < 0x7fffff */
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff));
+    if (__builtin_expect(subnormal != 0, 0)) return _mm512_cvtepi32_epi16(bf16_bits16(x));
+    return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* store16 and round16 (cpu_vec.h) with the fast rounding. */
+AVX512 void put16(void *base, int64_t i, __m512 x, const int bf16) {
+    if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), pack16(x));
+    else _mm512_storeu_ps((float *)base + i, x);
+}
+
+AVX512 __m512 rnd16(__m512 x, const int bf16) {
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pack16(x)), 16)) : x;
+}
+
+/* exp_full for 16 lanes. */
+AVX512 __m512 exp16_full(__m512 x) {
+    const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i ni = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(_mm512_add_epi32(ni,
+        _mm512_srli_epi32(ni, 31)), 1); /* n / 2 rounded toward zero, as in C */
+    const __m512i bias = _mm512_set1_epi32(127);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), bias), 23));
+    __m512 e = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.0f), _CMP_NLT_UQ), e); /* NaN stays */
+}
+
+AVX512 void norm_rows16(const Norm *n, const int bf16) {
+    const int64_t hidden = n->hidden, full = hidden / 16 * 16;
+    for (int64_t row = 0; row < n->rows; ++row) {
+        const int64_t xi = row * n->x_stride, oi = row * hidden;
+        const void *src = n->x;
+        int64_t si = xi;
+        if (n->residual) {
+            const int64_t ri = row * n->residual_stride;
+            int64_t d = 0;
+            for (; d < full; d += 16)
+                put16(n->residual_out, oi + d,
+                        _mm512_add_ps(load16(n->x, xi + d, bf16), load16(n->residual, ri + d, bf16)), bf16);
+            for (; d < hidden; ++d)
+                store(n->residual_out, oi + d, load(n->x, xi + d, bf16) + load(n->residual, ri + d, bf16), bf16);
+            src = n->residual_out;
+            si = oi;
+        }
+        __m512 acc = _mm512_setzero_ps();
+        int64_t d = 0;
+        for (; d < full; d += 16) {
+            const __m512 v = load16(src, si + d, bf16);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+        }
+        float sum = _mm512_reduce_add_ps(acc);
+        for (; d < hidden; ++d) sum += load(src, si + d, bf16) * load(src, si + d, bf16);
+        const float rs = 1.0f / sqrtf(sum / (float)hidden + n->eps);
+        const __m512 r = _mm512_set1_ps(rs);
+        for (d = 0; d < full; d += 16)
+            put16(n->out, oi + d,
+                    _mm512_mul_ps(rnd16(_mm512_mul_ps(load16(src, si + d, bf16), r), bf16),
+                                  load16(n->weight, d, bf16)), bf16);
+        for (; d < hidden; ++d)
+            store(n->out, oi + d, round_to(load(src, si + d, bf16) * rs, bf16) * load(n->weight, d, bf16), bf16);
+    }
+}
+
+TARGET static void norm16_f32(const Norm *n) { norm_rows16(n, 0); }
+TARGET static void norm16_bf16(const Norm *n) { norm_rows16(n, 1); }
+
+AVX512 void silu_mul_rows16(const void *gate_up, int64_t stride, void *out, int64_t rows, int64_t width,
+                            const int bf16) {
+    const int64_t full = width / 16 * 16;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t row = 0; row < rows; ++row) {
+        const int64_t g = row * stride, o = row * width;
+        int64_t j = 0;
+        for (; j < full; j += 16) {
+            const __m512 x = load16(gate_up, g + j, bf16);
+            const __m512 e = exp16_full(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            const __m512 silu = rnd16(_mm512_div_ps(x, _mm512_add_ps(one, e)), bf16);
+            put16(out, o + j, _mm512_mul_ps(silu, load16(gate_up, g + width + j, bf16)), bf16);
+        }
+        for (; j < width; ++j) {
+            const float x = load(gate_up, g + j, bf16);
+            store(out, o + j, round_to(x / (1.0f + exp_full(-x)), bf16) * load(gate_up, g + width + j, bf16), bf16);
+        }
+    }
+}
+
+TARGET static void silu_mul16_f32(const void *gu, int64_t s, void *o, int64_t r,
+                                                               int64_t w) {
+    silu_mul_rows16(gu, s, o, r, w, 0);
+}
+TARGET static void silu_mul16_bf16(const void *gu, int64_t s, void *o, int64_t r,
+                                                                int64_t w) {
+    silu_mul_rows16(gu, s, o, r, w, 1);
+}
+
+AVX512 void rotate_rows16(const Rotary *p, const int bf16) {
+    const int64_t half = p->half, full = half / 16 * 16;
+    for (int64_t t = 0; t < p->tokens; ++t) {
+        const int64_t c = t * p->cs_stride;
+        for (int64_t h = 0; h < p->heads; ++h) {
+            const int64_t base = t * p->token_stride + h * p->head_stride;
+            int64_t j = 0;
+            for (; j < full; j += 16) {
+                const __m512 x1 = load16(p->x, base + j, bf16), x2 = load16(p->x, base + half + j, bf16);
+                const __m512 cs = load16(p->cos, c + j, bf16), sn = load16(p->sin, c + j, bf16);
+                put16(p->x, base + j, _mm512_sub_ps(rnd16(_mm512_mul_ps(x1, cs), bf16),
+                                                      rnd16(_mm512_mul_ps(x2, sn), bf16)), bf16);
+                put16(p->x, base + half + j, _mm512_add_ps(rnd16(_mm512_mul_ps(x2, cs), bf16),
+                                                             rnd16(_mm512_mul_ps(x1, sn), bf16)), bf16);
+            }
+            for (; j < half; ++j) {
+                const float x1 = load(p->x, base + j, bf16), x2 = load(p->x, base + half + j, bf16);
+                const float cs = load(p->cos, c + j, bf16), sn = load(p->sin, c + j, bf16);
+                store(p->x, base + j, round_to(x1 * cs, bf16) - round_to(x2 * sn, bf16), bf16);
+                store(p->x, base + half + j, round_to(x2 * cs, bf16) + round_to(x1 * sn, bf16), bf16);
+            }
+        }
+    }
+}
+
+TARGET static void rotate16_f32(const Rotary *p) { rotate_rows16(p, 0); }
+TARGET static void rotate16_bf16(const Rotary *p) { rotate_rows16(p, 1); }
+#endif
+
+/* --- Python entry points ----------------------------------------------------------------------------- */
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+
+typedef void (*norm_fn)(const Norm *);
+typedef void (*silu_mul_fn)(const void *, int64_t, void *, int64_t, int64_t);
+typedef void (*rotate_fn)(const Rotary *);
+/* Indexed by dtype code; NULL where this CPU lacks the instructions (set when the module loads). */
+static norm_fn norm_kernels[2];
+static silu_mul_fn silu_mul_kernels[2];
+static rotate_fn rotate_kernels[2];
+
+static int runs(int dtype) {
+    if ((dtype == DTYPE_F32 || dtype == DTYPE_BF16) && norm_kernels[dtype]) return 1;
+    PyErr_Format(PyExc_ValueError, "folio.kernels._cpu_fused has no kernel for dtype code %d on this CPU "
+                                   "(see dtypes())", dtype);
+    return 0;
+}
+
+static PyObject *dtypes(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return Py_BuildValue("(OO)", norm_kernels[DTYPE_F32] ? Py_True : Py_False,
+                         norm_kernels[DTYPE_BF16] ? Py_True : Py_False);
+}
+
+static PyObject *rms_norm(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, residual, weight, out, residual_out;
+    long long rows, hidden, x_stride, residual_stride;
+    float eps;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLfi", &x, &residual, &weight, &out, &residual_out, &rows, &hidden,
+                          &x_stride, &residual_stride, &eps, &dtype) || !runs(dtype))
+        return NULL;
+    const Norm n = {PTR(x), PTR(residual), PTR(weight), PTR(out), PTR(residual_out), rows, hidden, x_stride,
+                    residual_stride, eps};
+    Py_BEGIN_ALLOW_THREADS norm_kernels[dtype](&n);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+static PyObject *silu_and_mul(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long gate_up, out;
+    long long stride, rows, width;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KLKLLi", &gate_up, &stride, &out, &rows, &width, &dtype) || !runs(dtype))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS silu_mul_kernels[dtype](PTR(gate_up), stride, PTR(out), rows, width);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+static PyObject *rotary_neox(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, cos, sin;
+    long long tokens, heads, token_stride, head_stride, cs_stride, half;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KKKLLLLLLi", &x, &cos, &sin, &tokens, &heads, &token_stride, &head_stride,
+                          &cs_stride, &half, &dtype) || !runs(dtype))
+        return NULL;
+    const Rotary p = {PTR(x), PTR(cos), PTR(sin), tokens, heads, token_stride, head_stride, cs_stride, half};
+    Py_BEGIN_ALLOW_THREADS rotate_kernels[dtype](&p);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* Token i's key row (row_bytes, contiguous) to slot slots[i] of the cache; slot -1 (padding) is skipped.
+ * Returns the first token whose slot lies outside [-1, num_slots), or -1 when all were in range (then all
+ * were written; otherwise nothing was). */
+static int64_t scatter_rows(const char *key, const char *value, int64_t key_stride, int64_t value_stride,
+                            char *k_cache, char *v_cache, const int64_t *slots, int64_t tokens, int64_t row_bytes,
+                            int64_t num_slots) {
+    for (int64_t i = 0; i < tokens; ++i)
+        if (slots[i] < -1 || slots[i] >= num_slots) return i;
+    for (int64_t i = 0; i < tokens; ++i) {
+        if (slots[i] < 0) continue;
+        memcpy(k_cache + slots[i] * row_bytes, key + i * key_stride, (size_t)row_bytes);
+        memcpy(v_cache + slots[i] * row_bytes, value + i * value_stride, (size_t)row_bytes);
+    }
+    return -1;
+}
+
+static PyObject *store_kv(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long key, value, k_cache, v_cache, slots;
+    long long key_stride, value_stride, tokens, row_bytes, num_slots;
+    if (!PyArg_ParseTuple(args, "KKLLKKKLLL", &key, &value, &key_stride, &value_stride, &k_cache, &v_cache, &slots,
+                          &tokens, &row_bytes, &num_slots))
+        return NULL;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS bad = scatter_rows(PTR(key), PTR(value), key_stride, value_stride, PTR(k_cache),
+                                              PTR(v_cache), PTR(slots), tokens, row_bytes, num_slots);
+    Py_END_ALLOW_THREADS if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "slot_mapping values must lie in [-1, %lld), got %lld for token %lld",
+                     num_slots, (long long)((const int64_t *)PTR(slots))[bad], (long long)bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"dtypes", dtypes, METH_NOARGS, "dtypes() -> (float32, bfloat16): whether this CPU runs the vector ops"},
+    {"rms_norm", rms_norm, METH_VARARGS,
+     "rms_norm(x, residual, weight, out, residual_out, rows, hidden, x_stride, residual_stride, eps, dtype): "
+     "residual 0 for none; pointers and sizes already checked by folio.kernels.fused_cpu"},
+    {"silu_and_mul", silu_and_mul, METH_VARARGS, "silu_and_mul(gate_up, stride, out, rows, width, dtype)"},
+    {"rotary_neox", rotary_neox, METH_VARARGS,
+     "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype): in place"},
+    {"store_kv", store_kv, METH_VARARGS,
+     "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots): "
+     "strides in bytes, slots int64"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_cpu_fused", .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__cpu_fused(void) {
+#ifdef FOLIO_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+        norm_kernels[DTYPE_F32] = norm16_f32, silu_mul_kernels[DTYPE_F32] = silu_mul16_f32;
+        rotate_kernels[DTYPE_F32] = rotate16_f32;
+    }
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
+        norm_kernels[DTYPE_BF16] = norm16_bf16, silu_mul_kernels[DTYPE_BF16] = silu_mul16_bf16;
+        rotate_kernels[DTYPE_BF16] = rotate16_bf16;
+    }
+#endif
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,118 @@
+"""The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``).
+
+Each op does in one pass over memory what the engine's PyTorch path does in several ops, rounding where it
+rounds (bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
+and SiLU's exponential may differ in the last float32 bit, see the C file). Their PyTorch twins, which the tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref``
+(``folio.kernels.rms_norm``), ``F.silu(gate) * up``, the engine's ``rotate`` (``folio.engine.layers.rotary``)
+and ``store_kvcache_ref`` (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension; ``AVAILABLE`` says whether this install has it, and without it the engine runs
+its PyTorch code. float32 and bfloat16, CPU tensors, each row's last dimension contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.kernels._checks import require
+
+try:
+    from folio.kernels import _cpu_fused  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: callers use the PyTorch path
+    _cpu_fused = None
+
+AVAILABLE = _cpu_fused is not None
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+# the dtypes this CPU runs the vector ops in: float32 with AVX-512F, bfloat16 with AVX512-BF16 as well
+_RUNS = _cpu_fused.dtypes() if _cpu_fused is not None else (False, False)
+VECTOR_DTYPES = frozenset(d for d, runs in zip(DTYPES, _RUNS, strict=True) if runs)
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether the norm, SiLU and rotary ops run ``x`` here (``store_kv`` runs any CPU tensor when built)."""
+    return AVAILABLE and x.dtype in VECTOR_DTYPES and x.device.type == "cpu"
+
+
+def _rows(name: str, x: torch.Tensor, width: int) -> None:
+    require(supports(x), lambda: f"{name}: the native CPU ops run {sorted(map(str, VECTOR_DTYPES))} CPU tensors "
+                                 f"here, got {x.dtype} on {x.device}")
+    require(x.dim() == 2 and x.shape[1] == width and x.stride(1) == 1,
+            lambda: f"{name} must be [rows, {width}] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Llama's RMSNorm of ``x[N, H]``; with ``residual`` ``(norm(x + residual), x + residual)``."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    hidden = weight.shape[0]
+    _rows("x", x, hidden)
+    require(weight.dtype == x.dtype and weight.is_contiguous(), "weight must be contiguous, in x's dtype")
+    out = torch.empty((x.shape[0], hidden), dtype=x.dtype)
+    summed, residual_ptr, residual_stride = out, 0, 0
+    if residual is not None:
+        _rows("residual", residual, hidden)
+        require(residual.dtype == x.dtype and residual.shape == x.shape, "residual must match x")
+        summed = torch.empty_like(out)
+        residual_ptr, residual_stride = residual.data_ptr(), residual.stride(0)
+    _cpu_fused.rms_norm(x.data_ptr(), residual_ptr, weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
+                        x.shape[0], hidden, x.stride(0), residual_stride, float(eps), DTYPES[x.dtype])
+    return out if residual is None else (out, summed)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up[N, 2I]`` (gate first) → ``[N, I]``."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, "gate_up must be [rows, 2 * intermediate]")
+    _rows("gate_up", gate_up, gate_up.shape[1])
+    width = gate_up.shape[1] // 2
+    out = torch.empty((gate_up.shape[0], width), dtype=gate_up.dtype)
+    _cpu_fused.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), gate_up.shape[0], width,
+                            DTYPES[gate_up.dtype])
+    return out
+
+
+def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates ``x[N, H, D]`` in place, neox style, by ``cos``/``sin`` ``[N, 1, R]`` (or ``[N, R]``, R ≤ D/2,
+    x's dtype); returns ``x``. The first 2R values of each head turn, the rest stay."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    require(supports(x) and x.dim() == 3 and x.stride(2) == 1, "x must be a [tokens, heads, head_dim] CPU tensor "
+                                                               "of float32 or bfloat16 with contiguous heads")
+    cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)  # views: [N, 1, R] -> [N, R]
+    half = cos.shape[1]
+    require(cos.shape == sin.shape == (x.shape[0], half) and 2 * half <= x.shape[2],
+            lambda: f"cos/sin {tuple(cos.shape)} must be [tokens, R] with 2R <= head_dim {x.shape[2]}")
+    require(cos.dtype == sin.dtype == x.dtype and cos.stride() == sin.stride() and cos.stride(1) == 1,
+            "cos and sin must be in x's dtype, with the same contiguous rows")
+    _cpu_fused.rotary_neox(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
+                           x.stride(1), cos.stride(0), half, DTYPES[x.dtype])
+    return x
+
+
+def can_store(key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether `store_kv` takes these rows: built, CPU, and each token's heads one contiguous run."""
+    return AVAILABLE and all(
+        t.device.type == "cpu" and t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
+        for t in (key, value))
+
+
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Writes ``key[i]``/``value[i]`` (``[N, kv_heads, head_dim]``, each token's heads one contiguous run) to
+    slot ``slot_mapping[i]`` (int64) of the contiguous caches; -1 is skipped. Any other slot outside the
+    cache raises ValueError before anything is written."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    row = k_cache.shape[2] * k_cache.shape[3]
+    for name, t in (("key", key), ("value", value)):
+        require(t.device.type == "cpu" and t.dtype == k_cache.dtype and t.shape[1:] == k_cache.shape[2:]
+                and t.stride(2) == 1 and t.stride(1) == k_cache.shape[3],
+                lambda name=name, t=t: f"{name} {tuple(t.shape)} strides {t.stride()} must be [tokens, "
+                                       f"{k_cache.shape[2]}, {k_cache.shape[3]}] rows in the cache's dtype")
+    require(k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape == v_cache.shape
+            and v_cache.dtype == k_cache.dtype and k_cache.device.type == "cpu", "the caches must be contiguous "
+            "CPU tensors of one shape and dtype")
+    require(slot_mapping.dtype == torch.int64 and slot_mapping.shape == (key.shape[0],) == (value.shape[0],)
+            and slot_mapping.is_contiguous(), "slot_mapping must be int64 [tokens]")
+    size = key.element_size()
+    _cpu_fused.store_kv(key.data_ptr(), value.data_ptr(), key.stride(0) * size, value.stride(0) * size,
+                        k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), key.shape[0], row * size,
+                        k_cache.shape[0] * k_cache.shape[1])

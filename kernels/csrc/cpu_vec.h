@@ -3,6 +3,7 @@
 #ifndef FOLIO_CPU_VEC_H
 #define FOLIO_CPU_VEC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,9 +31,52 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     return (uint16_t)(bits >> 16);
 }
 
+/* Cephes' expf without its final scaling: exp(x) = 2^n * the result, with n = rint(x / ln 2) stored in *n and
+ * r = x - n ln2 (ln2 split in two for exactness) fed to a degree-7 polynomial; about 1 ulp. The callers
+ * clamp x and apply 2^n for their own ranges. */
+static inline float exp_mantissa(float x, float *n) {
+    *n = rintf(x * 1.44269504088896341f);
+    const float r = x - *n * 0.693359375f + *n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    return y * r * r + r + 1.0f;
+}
+
+/* 2^e for an integer exponent e in [-126, 127], as a float. */
+static inline float pow2i(int32_t e) {
+    const int32_t bits = (e + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define FOLIO_X86 1
+
+/* exp_mantissa for 16 lanes, with multiply-adds. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 exp_mantissa16(__m512 x, __m512 *n) {
+    *n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(*n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    return _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+}
+
+/* 2^e per lane for integer exponents in [-126, 127]. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 pow2i16(__m512i e) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+}
 
 /* 16 values as float32: float32 loaded as is, bfloat16 widened exactly (its bits are a float32's top half).
  * `bf16` is a compile-time constant wherever this is inlined. */

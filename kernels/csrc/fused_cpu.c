@@ -42,25 +42,16 @@ INLINE void store(void *base, int64_t i, float x, const int bf16) {
 /* x as the tensor dtype would hold it: PyTorch rounds every bfloat16 op's result. */
 INLINE float round_to(float x, const int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : x; }
 
-/* exp(x) over float32's range, branch-free so that it vectorizes: Cephes' expf, 2^n * p(r) with
- * r = x - n ln2 (ln2 split in two for exactness) and a degree-7 polynomial; about 1 ulp. 2^n is applied in
- * two halves so that results near FLT_MAX do not overflow early. */
+/* exp(x) over float32's range (Cephes', as the decode kernel's): 2^n is applied in two halves so that
+ * results near FLT_MAX do not overflow early, and -103 is where even subnormals run out. */
 INLINE float exp_full(float x) {
-    const float c = x < -103.0f ? -103.0f : (x > 89.0f ? 89.0f : x);
-    const float n = rintf(c * 1.44269504088896341f);
-    const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    const int32_t half = (int32_t)n / 2, e1 = (half + 127) << 23, e2 = ((int32_t)n - half + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &e1, sizeof s1);
-    memcpy(&s2, &e2, sizeof s2);
-    return x > 88.72283935546875f ? INFINITY : (x < -103.0f ? 0.0f : y * s1 * s2);
+    if (x != x) return x; /* NaN */
+    if (x > 88.72283935546875f) return INFINITY;
+    if (x < -103.0f) return 0.0f;
+    float n;
+    const float y = exp_mantissa(x, &n);
+    const int32_t half = (int32_t)n / 2;
+    return y * pow2i(half) * pow2i((int32_t)n - half);
 }
 
 /* --- residual add + RMSNorm ------------------------------------------------------------------------- */
@@ -111,24 +102,12 @@ AVX512 __m512 rnd16(__m512 x, const int bf16) {
 
 /* exp_full for 16 lanes. */
 AVX512 __m512 exp16_full(__m512 x) {
-    const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(89.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i ni = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(_mm512_add_epi32(ni,
-        _mm512_srli_epi32(ni, 31)), 1); /* n / 2 rounded toward zero, as in C */
-    const __m512i bias = _mm512_set1_epi32(127);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), bias), 23));
-    __m512 e = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    __m512 n;
+    const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(89.0f));
+    const __m512 y = exp_mantissa16(clamped, &n);
+    const __m512i ni = _mm512_cvtps_epi32(n);
+    const __m512i half = _mm512_srai_epi32(_mm512_add_epi32(ni, _mm512_srli_epi32(ni, 31)), 1); /* n / 2 as C */
+    __m512 e = _mm512_mul_ps(_mm512_mul_ps(y, pow2i16(half)), pow2i16(_mm512_sub_epi32(ni, half)));
     e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ),
                            _mm512_set1_ps(INFINITY));
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.0f), _CMP_NLT_UQ), e); /* NaN stays */

@@ -47,24 +47,12 @@ typedef struct {
 
 enum { FAIL_NONE = 0, FAIL_MEMORY = 1, FAIL_BLOCK = 2, FAIL_LENGTH = 3 };
 
-/* exp(x) for x <= 0 (softmax arguments once the max is subtracted), in a form the compiler vectorizes:
- * Cephes' expf, 2^n * p(r) with r = x - n ln2 (ln2 split in two for exactness) and a degree-7 polynomial;
- * about 1 ulp. */
+/* exp(x) for x <= 0 (softmax arguments once the max is subtracted), in a form the compiler vectorizes. */
 static inline float exp_nonpositive(float x) {
     if (x < -87.0f) return 0.0f;
-    const float n = rintf(x * 1.44269504088896341f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    const int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, sizeof scale);
-    return y * scale;
+    float n;
+    const float y = exp_mantissa(x, &n);
+    return y * pow2i((int32_t)n);
 }
 
 /* One row of `dim` values as float32: a pointer into the cache, or bf16 widened into `tmp`. */
@@ -184,20 +172,9 @@ HOT static int attend_any(const Problem *p, int64_t b, float *s, float *a, float
 __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
     const __m512 zero_below = _mm512_set1_ps(-87.0f);
     __mmask16 keep = _mm512_cmp_ps_mask(x, zero_below, _CMP_GE_OQ);
-    x = _mm512_max_ps(x, zero_below);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+    __m512 n;
+    const __m512 y = exp_mantissa16(_mm512_max_ps(x, zero_below), &n);
+    return _mm512_maskz_mul_ps(keep, y, pow2i16(_mm512_cvtps_epi32(n)));
 }
 
 /* Asks for `bytes` from `at` on, a cache line at a time, ahead of their use. */

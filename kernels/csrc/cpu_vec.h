@@ -104,10 +104,6 @@ __attribute__((target("avx512f"), always_inline)) static inline void store16(voi
     else _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), _mm512_cvtepi32_epi16(bf16_bits16(x)));
 }
 
-/* x as the tensor dtype would hold it: PyTorch rounds the result of every bfloat16 op. */
-__attribute__((target("avx512f"), always_inline)) static inline __m512 round16(__m512 x, const int bf16) {
-    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(x), 16)) : x;
-}
 #endif
 
 #endif

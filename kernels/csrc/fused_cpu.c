@@ -54,20 +54,16 @@ INLINE float exp_full(float x) {
     return y * pow2i(half) * pow2i((int32_t)n - half);
 }
 
-/* --- residual add + RMSNorm ------------------------------------------------------------------------- */
+/* --- the problems ---------------------------------------------------------------------------------- */
 
-typedef struct {
+typedef struct { /* residual add + RMSNorm */
     const void *x, *residual, *weight; /* residual NULL: no add */
     void *out, *residual_out;          /* residual_out: x + residual, rounded (unused without residual) */
     int64_t rows, hidden, x_stride, residual_stride; /* strides between rows, in elements */
     float eps;
 } Norm;
 
-/* --- SiLU and multiply ------------------------------------------------------------------------------- */
-
-/* --- rotary embedding, in place ---------------------------------------------------------------------- */
-
-typedef struct {
+typedef struct { /* the rotary embedding, in place */
     void *x;                   /* [tokens, heads, head_dim] with strides (token_stride, head_stride, 1) */
     const void *cos, *sin;     /* [tokens, half] each, rows cs_stride apart, in x's dtype */
     int64_t tokens, heads, token_stride, head_stride, cs_stride, half;
@@ -90,7 +86,8 @@ AVX512 __m256i pack16(__m512 x) {
     return (__m256i)_mm512_cvtneps_pbh(x);
 }
 
-/* store16 and round16 (cpu_vec.h) with the fast rounding. */
+/* store16 (cpu_vec.h) with the fast rounding; and x as the tensor dtype would hold it (PyTorch rounds the
+ * result of every bfloat16 op). */
 AVX512 void put16(void *base, int64_t i, __m512 x, const int bf16) {
     if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), pack16(x));
     else _mm512_storeu_ps((float *)base + i, x);

@@ -1,11 +1,13 @@
 """The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``).
 
 Each op does in one pass over memory what the engine's PyTorch path does in several ops, rounding where it
-rounds (bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
-and SiLU's exponential may differ in the last float32 bit, see the C file). Their PyTorch twins, which the tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref``
-(``folio.kernels.rms_norm``), ``F.silu(gate) * up``, the engine's ``rotate`` (``folio.engine.layers.rotary``)
-and ``store_kvcache_ref`` (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension; ``AVAILABLE`` says whether this install has it, and without it the engine runs
-its PyTorch code. float32 and bfloat16, CPU tensors, each row's last dimension contiguous.
+rounds: bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
+and SiLU's exponential may differ in the last float32 bit (see the C file). Their PyTorch twins, which the
+tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref`` (``folio.kernels.rms_norm``),
+``F.silu(gate) * up``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
+(``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension: ``AVAILABLE`` says whether
+this install has it, ``VECTOR_DTYPES`` which dtypes this CPU runs the vector ops in; elsewhere the engine
+runs its PyTorch code. CPU tensors, each row's last dimension contiguous.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotates ``x[N, H, D]`` in place, neox style, by ``cos``/``sin`` ``[N, 1, R]`` (or ``[N, R]``, R ≤ D/2,
     x's dtype); returns ``x``. The first 2R values of each head turn, the rest stay."""
     assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
-    require(supports(x) and x.dim() == 3 and x.stride(2) == 1, "x must be a [tokens, heads, head_dim] CPU tensor "
-                                                               "of float32 or bfloat16 with contiguous heads")
+    require(supports(x) and x.dim() == 3 and x.stride(2) == 1,
+            lambda: f"x must be a [tokens, heads, head_dim] CPU tensor of {sorted(map(str, VECTOR_DTYPES))} with "
+                    f"contiguous heads, got {x.dtype} {tuple(x.shape)}")
     cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)  # views: [N, 1, R] -> [N, R]
     half = cos.shape[1]
     require(cos.shape == sin.shape == (x.shape[0], half) and 2 * half <= x.shape[2],
@@ -102,11 +105,10 @@ def store_kv(
     cache raises ValueError before anything is written."""
     assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
     row = k_cache.shape[2] * k_cache.shape[3]
-    for name, t in (("key", key), ("value", value)):
-        require(t.device.type == "cpu" and t.dtype == k_cache.dtype and t.shape[1:] == k_cache.shape[2:]
-                and t.stride(2) == 1 and t.stride(1) == k_cache.shape[3],
-                lambda name=name, t=t: f"{name} {tuple(t.shape)} strides {t.stride()} must be [tokens, "
-                                       f"{k_cache.shape[2]}, {k_cache.shape[3]}] rows in the cache's dtype")
+    require(can_store(key, value) and key.dtype == value.dtype == k_cache.dtype
+            and key.shape[1:] == value.shape[1:] == k_cache.shape[2:],
+            lambda: f"key {tuple(key.shape)} and value {tuple(value.shape)} (strides {key.stride()}, {value.stride()}) "
+                    f"must be [tokens, {k_cache.shape[2]}, {k_cache.shape[3]}] CPU rows in the cache's dtype")
     require(k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape == v_cache.shape
             and v_cache.dtype == k_cache.dtype and k_cache.device.type == "cpu", "the caches must be contiguous "
             "CPU tensors of one shape and dtype")

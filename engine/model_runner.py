@@ -167,8 +167,10 @@ class ModelRunner:
         return sampling, self.sampler(logits, [s.seq for s in sampling])
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.model.compute_logits(hidden)
-        return logits if self.logit_noise is None else self.logit_noise(logits)
+        """What the sampler picks from: the model's dtype unless the noise test aid needs float32."""
+        if self.logit_noise is None:
+            return self.model.compute_logits(hidden, float32=False)
+        return self.logit_noise(self.model.compute_logits(hidden))
 
     def _decode_context(
         self, ctx: AttentionContext, decodes: list[ScheduledSeq], lens: list[int], first_row: int

@@ -1,10 +1,11 @@
-"""The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``).
+"""The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``), and
+greedy sampling's argmax.
 
 Each op does in one pass over memory what the engine's PyTorch path does in several ops, rounding where it
 rounds: bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
 and SiLU's exponential may differ in the last float32 bit (see the C file). Their PyTorch twins, which the
 tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref`` (``folio.kernels.rms_norm``),
-``F.silu(gate) * up``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
+``F.silu(gate) * up``, ``x.max(dim=-1).indices``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
 (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension: ``AVAILABLE`` says whether
 this install has it, ``VECTOR_DTYPES`` which dtypes this CPU runs the vector ops in; elsewhere the engine
 runs its PyTorch code. CPU tensors, each row's last dimension contiguous.
@@ -69,6 +70,17 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((gate_up.shape[0], width), dtype=gate_up.dtype)
     _cpu_fused.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), gate_up.shape[0], width,
                             DTYPES[gate_up.dtype])
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """The index of each row's first maximum in ``x[N, V]`` (int64 ``[N]``), as ``x.max(dim=-1).indices``:
+    a NaN counts as the maximum. Reads bfloat16 as it is, without a float32 copy."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    require(x.dim() == 2 and x.shape[1] > 0, lambda: f"x must be [rows, V] with V >= 1, got {tuple(x.shape)}")
+    _rows("x", x, x.shape[1])
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _cpu_fused.argmax_rows(x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1], DTYPES[x.dtype])
     return out
 
 

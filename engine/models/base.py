@@ -116,12 +116,14 @@ class DecoderLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """Logits in float32, or with ``float32=False`` in whatever dtype holds them exactly (the sampler
+        widens what it needs; greedy decoding reads them as they are)."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = linear(hidden, weight)
         if self.vocab_parallel is not None:  # rank 0 gets every rank's columns, the others their own
             logits = self.vocab_parallel.gather_logits(logits)
-        return logits.float()
+        return logits.float() if float32 else logits
 
     # --- device placement -----------------------------------------------------------------------------
 

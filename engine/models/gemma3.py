@@ -91,10 +91,12 @@ class Gemma3ForCausalLM(DecoderLM):
         # the scale is rounded to the model dtype first, as `transformers` does (sqrt(640) → 25.25 in bf16)
         return x * self.embed_scale.to(x.dtype)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         cap = getattr(self.hf, "final_logit_softcapping", None)
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is None:
+            return super().compute_logits(hidden, float32)
+        logits = super().compute_logits(hidden)  # the cap runs in float32
+        return torch.tanh(logits / cap) * cap
 
     def gguf_tensor(self, gguf_name: str, tensor: torch.Tensor) -> torch.Tensor:
         # llama.cpp stores Gemma's norms as 1 + weight; `transformers` takes 1 back off, and so do we

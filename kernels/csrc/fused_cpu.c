@@ -1,5 +1,6 @@
 /* Fused elementwise ops of the CPU decoder layer: residual add + RMSNorm, SiLU-and-multiply, the neox rotary
- * embedding in place, and the scatter of new keys and values into the paged cache.
+ * embedding in place, and the scatter of new keys and values into the paged cache; and greedy sampling's
+ * argmax over a step's logits, read in the model's dtype.
  *
  * PyTorch runs each of these as two to seven ops, every one a pass over memory with its own dispatch and its
  * own temporary; on a small model's decode step, where the tensors are a few hundred kilobytes, that costs
@@ -205,6 +206,51 @@ AVX512 void rotate_rows16(const Rotary *p, const int bf16) {
 
 TARGET static void rotate16_f32(const Rotary *p) { rotate_rows16(p, 0); }
 TARGET static void rotate16_bf16(const Rotary *p) { rotate_rows16(p, 1); }
+
+/* The index of each row's first maximum, as torch's max(dim=-1) gives it: a NaN counts as the maximum (the
+ * first NaN wins). One pass finds the maximum (and whether there is a NaN), a second finds where it first
+ * is; a row of logits fits in L2, so the second pass reads no DRAM. bfloat16 compares exactly as float32. */
+AVX512 void argmax_rows16(const void *x, int64_t stride, int64_t *out, int64_t rows, int64_t cols, const int bf16) {
+    const int64_t full = cols / 16 * 16;
+    for (int64_t row = 0; row < rows; ++row) {
+        const int64_t base = row * stride;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        int64_t j = 0;
+        for (; j < full; j += 16) {
+            const __m512 v = load16(x, base + j, bf16);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            m = _mm512_max_ps(m, v);
+        }
+        float best = _mm512_reduce_max_ps(m);
+        int has_nan = nan != 0;
+        for (; j < cols; ++j) {
+            const float v = load(x, base + j, bf16);
+            has_nan |= v != v;
+            best = v > best ? v : best;
+        }
+        const __m512 target = _mm512_set1_ps(best);
+        int64_t at = -1;
+        for (j = 0; j < full && at < 0; j += 16) {
+            const __m512 v = load16(x, base + j, bf16);
+            const __mmask16 hit = has_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)
+                                          : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+            if (hit) at = j + __builtin_ctz(hit);
+        }
+        for (j = full; j < cols && at < 0; ++j) {
+            const float v = load(x, base + j, bf16);
+            if (has_nan ? v != v : v == best) at = j;
+        }
+        out[row] = at;
+    }
+}
+
+TARGET static void argmax16_f32(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) {
+    argmax_rows16(x, s, o, r, c, 0);
+}
+TARGET static void argmax16_bf16(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) {
+    argmax_rows16(x, s, o, r, c, 1);
+}
 #endif
 
 /* --- Python entry points ----------------------------------------------------------------------------- */
@@ -214,10 +260,12 @@ TARGET static void rotate16_bf16(const Rotary *p) { rotate_rows16(p, 1); }
 typedef void (*norm_fn)(const Norm *);
 typedef void (*silu_mul_fn)(const void *, int64_t, void *, int64_t, int64_t);
 typedef void (*rotate_fn)(const Rotary *);
+typedef void (*argmax_fn)(const void *, int64_t, int64_t *, int64_t, int64_t);
 /* Indexed by dtype code; NULL where this CPU lacks the instructions (set when the module loads). */
 static norm_fn norm_kernels[2];
 static silu_mul_fn silu_mul_kernels[2];
 static rotate_fn rotate_kernels[2];
+static argmax_fn argmax_kernels[2];
 
 static int runs(int dtype) {
     if ((dtype == DTYPE_F32 || dtype == DTYPE_BF16) && norm_kernels[dtype]) return 1;
@@ -271,6 +319,16 @@ static PyObject *rotary_neox(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+static PyObject *argmax_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, out;
+    long long stride, rows, cols;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KLKLLi", &x, &stride, &out, &rows, &cols, &dtype) || !runs(dtype)) return NULL;
+    Py_BEGIN_ALLOW_THREADS argmax_kernels[dtype](PTR(x), stride, PTR(out), rows, cols);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* Token i's key row (row_bytes, contiguous) to slot slots[i] of the cache; slot -1 (padding) is skipped.
  * Returns the first token whose slot lies outside [-1, num_slots), or -1 when all were in range (then all
  * were written; otherwise nothing was). */
@@ -313,6 +371,8 @@ static PyMethodDef methods[] = {
     {"silu_and_mul", silu_and_mul, METH_VARARGS, "silu_and_mul(gate_up, stride, out, rows, width, dtype)"},
     {"rotary_neox", rotary_neox, METH_VARARGS,
      "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype): in place"},
+    {"argmax_rows", argmax_rows, METH_VARARGS,
+     "argmax_rows(x, stride, out, rows, cols, dtype): out int64 [rows]; cols >= 1"},
     {"store_kv", store_kv, METH_VARARGS,
      "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots): "
      "strides in bytes, slots int64"},
@@ -328,11 +388,11 @@ PyMODINIT_FUNC PyInit__cpu_fused(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
         norm_kernels[DTYPE_F32] = norm16_f32, silu_mul_kernels[DTYPE_F32] = silu_mul16_f32;
-        rotate_kernels[DTYPE_F32] = rotate16_f32;
+        rotate_kernels[DTYPE_F32] = rotate16_f32, argmax_kernels[DTYPE_F32] = argmax16_f32;
     }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
         norm_kernels[DTYPE_BF16] = norm16_bf16, silu_mul_kernels[DTYPE_BF16] = silu_mul16_bf16;
-        rotate_kernels[DTYPE_BF16] = rotate16_bf16;
+        rotate_kernels[DTYPE_BF16] = rotate16_bf16, argmax_kernels[DTYPE_BF16] = argmax16_bf16;
     }
 #endif
     return PyModule_Create(&module);

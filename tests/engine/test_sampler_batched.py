@@ -1,5 +1,6 @@
-"""The sampler's batched paths: penalties for a whole batch at once equal each row's own arithmetic, and
-top-k (with or without top-p) through ``topk`` equals the full-vocabulary sort."""
+"""The sampler's batched paths: penalties for a whole batch at once equal each row's own arithmetic, top-k
+(with or without top-p) through ``topk`` equals the full-vocabulary sort, and greedy decoding picks from
+logits in the model's dtype what it picks from their float32 copy."""
 
 from __future__ import annotations
 
@@ -58,3 +59,18 @@ def test_top_k_through_topk_equals_the_full_sort() -> None:
     torch.testing.assert_close(fast[:3], full[:3])
     assert set(fast[0].nonzero().flatten().tolist()) == set(probs[0].topk(5).indices.tolist())
     assert int((fast[2] > 0).sum()) == 1 and 0 < int((fast[3] > 0).sum()) <= 17
+
+
+def test_greedy_picks_the_same_from_the_models_dtype_as_from_float32() -> None:
+    torch.manual_seed(2)
+    logits = (torch.randn(6, 3000) * 4).to(torch.bfloat16)
+    logits[0, 10] = logits[0, 20] = 50  # a tie: the first maximum, on either path
+    sampler = Sampler(0, torch.device("cpu"))
+    plain = [_seq([1], [], temperature=0.0) for _ in range(6)]
+    fast = sampler(logits, plain)  # nothing asks for float32: picked from the bfloat16 rows as they are
+    assert fast.token_ids == logits.float().argmax(dim=-1).tolist() and fast.token_ids[0] == 10
+    assert fast.logprobs == [None] * 6 and fast.sampled_logprobs == [0.0] * 6
+    with_logprobs = [*plain[:5], _seq([1], [], temperature=0.0, logprobs=2)]  # widened first, same tokens
+    result = sampler(logits, with_logprobs)
+    assert result.token_ids == fast.token_ids and result.logprobs[5] is not None
+    assert sampler(logits.float(), plain).token_ids == fast.token_ids

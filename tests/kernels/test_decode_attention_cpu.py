@@ -86,6 +86,11 @@ def test_a_block_id_outside_the_cache_is_refused_not_read() -> None:
     q = torch.randn(2, 1, 64)
     with pytest.raises(ValueError, match="block id outside"):
         paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")
+    for bad in (2**31 - 1, -(2**31)):  # the next sequence's pages are prefetched before they are checked
+        tables = kv.block_tables.clone()
+        tables[1, 0] = bad
+        with pytest.raises(ValueError, match="block id outside"):
+            paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")
     tables = kv.block_tables.clone()
     tables[1, 1:] = -7  # past the 5-token context: never read, so allowed (as the layout says)
     paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")

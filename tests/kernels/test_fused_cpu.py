@@ -123,6 +123,24 @@ def test_store_kv_refuses_a_slot_outside_the_cache_and_writes_nothing() -> None:
     assert not k_cache.any() and not v_cache.any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [49152, 1000, 5])  # 1000 and 5: a row tail past the last 16 lanes
+def test_argmax_is_the_first_maximum_as_max_finds_it(dtype: torch.dtype, vocab: int) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    wide = (torch.randn(8, vocab + 7, generator=g) * 5).to(dtype)
+    x = wide[:, :vocab]  # rows further apart than they are long
+    x[1] = x[1].max()  # all tied: the first
+    x[2, vocab // 2] = x[2, -1] = 1e4  # a tie between a vector lane and (for odd widths) the tail
+    x[3] = -torch.inf  # nothing larger than -inf
+    x[4, vocab - 1] = torch.nan  # a NaN is the maximum, wherever it is
+    x[5, vocab // 3], x[5, vocab - 1] = torch.nan, torch.nan  # the first NaN
+    x[6, -1] = 1e4  # the maximum in the tail
+    got = fused_cpu.argmax(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, x.float().max(dim=-1).indices)
+    assert got[1] == 0 and got[2] == vocab // 2 and got[3] == 0 and got[4] == vocab - 1 and got[5] == vocab // 3
+
+
 def test_bad_inputs_are_value_errors() -> None:
     weight = torch.ones(64)
     with pytest.raises(ValueError, match="native CPU ops run"):
@@ -131,6 +149,10 @@ def test_bad_inputs_are_value_errors() -> None:
         fused_cpu.rms_norm(torch.ones(2, 32), weight, 1e-6)
     with pytest.raises(ValueError, match="residual must match x"):
         fused_cpu.rms_norm(torch.ones(2, 64), weight, 1e-6, torch.ones(3, 64))
+    with pytest.raises(ValueError, match="V >= 1"):
+        fused_cpu.argmax(torch.ones(2, 0))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        fused_cpu.argmax(torch.ones(64, 2).t())
     with pytest.raises(ValueError, match="gate_up must be"):
         fused_cpu.silu_and_mul(torch.ones(2, 63))
     with pytest.raises(ValueError, match="cos/sin"):

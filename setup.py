@@ -43,8 +43,19 @@ class BuildPy(build_py):
 CPU_ATTENTION = Extension(
     "folio.kernels._cpu_attention",
     sources=["kernels/csrc/paged_decode_cpu.c"],
-    depends=["kernels/csrc/cpu_vec.h"],
+    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
+# The CPU prefill-attention kernel (kernels/csrc/prefill_attention_cpu.c), likewise optional: without it
+# prompts run through SDPA.
+CPU_PREFILL = Extension(
+    "folio.kernels._cpu_prefill",
+    sources=["kernels/csrc/prefill_attention_cpu.c"],
+    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
+    extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c11"],
     extra_link_args=["-pthread"],
     optional=True,
 )
@@ -62,7 +73,7 @@ CPU_FUSED = Extension(
 setup(
     cmdclass={"build_py": BuildPy},
     packages=_packages(),
-    ext_modules=[CPU_ATTENTION, CPU_FUSED],
+    ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED],
     package_dir=ROOTS,
     package_data={"": ["*.yaml", "*.json", "*.jinja", "*.lua"]},
 )

@@ -40,12 +40,17 @@ def _torch_openmp() -> ctypes.CDLL | None:
     return None
 
 
+def share_torch_threads(module: object) -> None:
+    """Points a native kernel module's ``use_openmp`` at torch's OpenMP runtime, where there is one: threads
+    of its own would compete with torch's workers while they spin after an op."""
+    omp = _torch_openmp()
+    if omp is not None:
+        module.use_openmp(*(ctypes.cast(getattr(omp, name), ctypes.c_void_p).value  # type: ignore[attr-defined]
+                            for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
+
+
 if _cpu_attention is not None:
-    # Share torch's worker threads: threads of our own would compete with them while they spin after an op.
-    _omp = _torch_openmp()
-    if _omp is not None:
-        _cpu_attention.use_openmp(*(ctypes.cast(getattr(_omp, name), ctypes.c_void_p).value for name in (
-            "GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
+    share_torch_threads(_cpu_attention)
 
 
 def supports(q: torch.Tensor) -> bool:

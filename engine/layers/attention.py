@@ -1,7 +1,8 @@
 """Paged attention: store this step's K/V in the block cache, then attend over each sequence's context.
 
-CPU: prefill segments run one by one through `scaled_dot_product_attention` (directly on the new K/V when
-nothing is cached before them); decode queries run through `folio.kernels`' native CPU kernel, which reads
+CPU: prefill segments run one by one through `folio.kernels`' native CPU prefill kernel where the CPU has
+AVX-512, else `scaled_dot_product_attention` (either directly on the new K/V when nothing is cached before
+them); decode queries run through `folio.kernels`' native CPU kernel, which reads
 the paged cache in place, or (a build without it, or float16) in a few length buckets over K/V gathered by
 block table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are
 folded into that head's query rows. CUDA: the `folio.kernels` paged kernels.
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.engine.layers.context import AttentionContext, PrefillSegment
-from folio.kernels import fused_cpu
+from folio.kernels import fused_cpu, prefill_attention_cpu
 from folio.kernels.decode_attention import paged_decode_attention
 from folio.kernels.kv_store import store_kvcache
 from folio.kernels.prefill_attention import paged_prefill_attention
@@ -42,6 +43,54 @@ def paged_attention(
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
     out = torch.empty_like(q)
+    if ctx.prefills and prefill_attention_cpu.supports(q):
+        _native_prefill(q, k, v, k_cache, v_cache, ctx, scale, window, out)
+    else:
+        _sdpa_prefill(q, k, v, k_cache, v_cache, ctx, scale, window, out)
+    if ctx.decode_block_tables is not None:
+        first = ctx.num_prefill_tokens
+        out[first:] = paged_decode_attention(
+            q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale, window=window
+        )
+    if ctx.decode_buckets:
+        assert ctx.gather_buffers is not None
+        k_buf, v_buf = ctx.gather_buffers
+        for bucket in ctx.decode_buckets:
+            b, n = bucket.end - bucket.start, bucket.flat_blocks.numel()
+            # Gathering into a persistent buffer: a fresh tensor this size would page-fault on every layer.
+            kd = torch.index_select(k_cache, 0, bucket.flat_blocks, out=k_buf[:n])
+            vd = torch.index_select(v_cache, 0, bucket.flat_blocks, out=v_buf[:n])
+            kd = kd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
+            vd = vd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
+            qd = q[bucket.start : bucket.end].view(b, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.window_mask(window), scale=scale)
+            out[bucket.start : bucket.end] = o.reshape(b, -1, head_dim)
+    return out
+
+
+def _native_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    ctx: AttentionContext, scale: float, window: int | None, out: torch.Tensor,
+) -> None:
+    """Each segment through the native kernel, straight from this step's K/V when nothing is cached before
+    them; else over its context from the first key any of its queries sees (positions shift alike, so the
+    window's arithmetic holds)."""
+    for seg in ctx.prefills:
+        if seg.block_table is None:
+            ks, vs = k[seg.start : seg.end], v[seg.start : seg.end]
+        else:
+            first = _first_visible_key(seg, window)
+            ks = k_cache[seg.block_table].flatten(0, 1)[first : seg.context_len]
+            vs = v_cache[seg.block_table].flatten(0, 1)[first : seg.context_len]
+        prefill_attention_cpu.prefill_attention_cpu(q[seg.start : seg.end], ks, vs, scale, window=window,
+                                                    out=out[seg.start : seg.end])
+
+
+def _sdpa_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    ctx: AttentionContext, scale: float, window: int | None, out: torch.Tensor,
+) -> None:
+    num_kv_heads = k.shape[1]
     gqa = q.shape[1] != num_kv_heads
     for seg in ctx.prefills:
         qs = q[seg.start : seg.end].transpose(0, 1)  # [Hq, L, D]
@@ -66,25 +115,6 @@ def paged_attention(
             scale=scale,
         )
         out[seg.start : seg.end] = o[0].transpose(0, 1)
-    if ctx.decode_block_tables is not None:
-        first = ctx.num_prefill_tokens
-        out[first:] = paged_decode_attention(
-            q[first:], k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale, window=window
-        )
-    if ctx.decode_buckets:
-        assert ctx.gather_buffers is not None
-        k_buf, v_buf = ctx.gather_buffers
-        for bucket in ctx.decode_buckets:
-            b, n = bucket.end - bucket.start, bucket.flat_blocks.numel()
-            # Gathering into a persistent buffer: a fresh tensor this size would page-fault on every layer.
-            kd = torch.index_select(k_cache, 0, bucket.flat_blocks, out=k_buf[:n])
-            vd = torch.index_select(v_cache, 0, bucket.flat_blocks, out=v_buf[:n])
-            kd = kd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
-            vd = vd.view(b, -1, num_kv_heads, head_dim).transpose(1, 2)
-            qd = q[bucket.start : bucket.end].view(b, num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bucket.window_mask(window), scale=scale)
-            out[bucket.start : bucket.end] = o.reshape(b, -1, head_dim)
-    return out
 
 
 def _kernel_attention(

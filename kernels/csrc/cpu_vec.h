@@ -1,4 +1,4 @@
-/* What the CPU kernels (paged_decode_cpu.c, fused_cpu.c) share: dtype codes, float32 <-> bfloat16 with
+/* What the CPU kernels (paged_decode_cpu.c, prefill_attention_cpu.c, fused_cpu.c) share: dtype codes, float32 <-> bfloat16 with
  * PyTorch's rounding, and 16-lane AVX-512 loads and stores of either dtype. */
 #ifndef FOLIO_CPU_VEC_H
 #define FOLIO_CPU_VEC_H
@@ -76,6 +76,38 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 exp_manti
 /* 2^e per lane for integer exponents in [-126, 127]. */
 __attribute__((target("avx512f"), always_inline)) static inline __m512 pow2i16(__m512i e) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+}
+
+/* exp(x) for x <= 0 in 16 lanes (softmax arguments once the max is subtracted): below -87, 0. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 exp_nonpositive16(__m512 x) {
+    const __m512 zero_below = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, zero_below, _CMP_GE_OQ);
+    __m512 n;
+    const __m512 y = exp_mantissa16(_mm512_max_ps(x, zero_below), &n);
+    return _mm512_maskz_mul_ps(keep, y, pow2i16(_mm512_cvtps_epi32(n)));
+}
+
+/* exp(s[l] - max(s)) in place over s[0 .. len-1]; returns 1 / their sum (the softmax's normalizer, for the
+ * caller to apply once to its weighted sum). */
+__attribute__((target("avx512f"), always_inline)) static inline float softmax_row16(float *s, int64_t len) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int64_t l = 0;
+    for (; l + 16 <= len; l += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + l));
+    if (l < len) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, (__mmask16)((1u << (len - l)) - 1), s + l));
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 sum = _mm512_setzero_ps();
+    for (l = 0; l + 16 <= len; l += 16) {
+        const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + l), mx));
+        _mm512_storeu_ps(s + l, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (l < len) {
+        const __mmask16 tail = (__mmask16)((1u << (len - l)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + l), mx)));
+        _mm512_mask_storeu_ps(s + l, tail, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
 /* 16 values as float32: float32 loaded as is, bfloat16 widened exactly (its bits are a float32's top half).

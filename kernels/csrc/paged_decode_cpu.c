@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_team.h"
 #include "cpu_vec.h"
 
 typedef struct {
@@ -168,15 +169,6 @@ HOT static int attend_any(const Problem *p, int64_t b, float *s, float *a, float
 #if defined(FOLIO_X86) && !defined(FOLIO_PORTABLE_ONLY)
 #define HAVE_AVX512_PATH 1
 
-/* exp_nonpositive for 16 lanes (the same Cephes polynomial). */
-__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
-    const __m512 zero_below = _mm512_set1_ps(-87.0f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, zero_below, _CMP_GE_OQ);
-    __m512 n;
-    const __m512 y = exp_mantissa16(_mm512_max_ps(x, zero_below), &n);
-    return _mm512_maskz_mul_ps(keep, y, pow2i16(_mm512_cvtps_epi32(n)));
-}
-
 /* A sequence's K and V rows as one stream of bytes (its keys' rows, then its values' rows, in token order) and
  * how much of it has been prefetched. Pages sit anywhere in the cache, so the hardware prefetcher starts over on
  * each and, left to itself, the kernel waits on DRAM for most of its time. While one sequence runs, the next
@@ -259,27 +251,7 @@ __attribute__((target("avx512f"), always_inline)) static inline int attend_avx51
         }
         start += n;
     }
-    for (int64_t h = 0; h < heads; ++h) { /* softmax per head, in place; 1/sum goes to norms[h] */
-        float *sc = scores + h * len;
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        int64_t l = 0;
-        for (; l + 16 <= len; l += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(sc + l));
-        if (l < len) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, (__mmask16)((1u << (len - l)) - 1), sc + l));
-        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-        __m512 sum = _mm512_setzero_ps();
-        for (l = 0; l + 16 <= len; l += 16) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + l), mx));
-            _mm512_storeu_ps(sc + l, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        if (l < len) {
-            const __mmask16 tail = (__mmask16)((1u << (len - l)) - 1);
-            const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sc + l), mx)));
-            _mm512_mask_storeu_ps(sc + l, tail, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        norms[h] = 1.0f / _mm512_reduce_add_ps(sum);
-    }
+    for (int64_t h = 0; h < heads; ++h) norms[h] = softmax_row16(scores + h * len, len); /* in place */
     for (int64_t h = 0; h < heads; ++h) { /* pass 2: weighted values, the accumulator in registers */
         __m512 acc[16];
         for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_setzero_ps();
@@ -363,26 +335,6 @@ static void *run_work(void *arg) {
     return NULL;
 }
 
-/* The OpenMP runtime torch itself runs on, found by the Python wrapper. Running on torch's own worker threads
- * matters: torch's workers spin for a while after each op, so threads of our own would fight them for the
- * cores. Without it, plain pthreads. */
-typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
-typedef int (*omp_int_fn)(void);
-static gomp_parallel_fn gomp_parallel;
-static omp_int_fn omp_thread_num, omp_num_threads;
-
-typedef struct {
-    Work *work;
-    int count;
-} Team;
-
-static void team_member(void *arg) { /* the team may be smaller than asked for: stride over the shares */
-    const Team *team = (const Team *)arg;
-    const int size = omp_num_threads();
-    for (int i = omp_thread_num(); i < team->count; i += size > 0 ? size : 1) run_work(&team->work[i]);
-}
-
-#define MAX_THREADS 64
 /* Below this many (query head x key) pairs a thread costs more to start than it saves. */
 #define MIN_PAIRS_PER_THREAD 32768
 
@@ -401,8 +353,6 @@ static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     if (threads > batch) threads = (int)(batch > 0 ? batch : 1);
 
     Work work[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     int64_t b = 0, seen = 0;
     for (int i = 0; i < threads; ++i) { /* contiguous ranges of about equal total context */
         work[i] = (Work){p, b, b, max_len, FAIL_NONE};
@@ -413,22 +363,9 @@ static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
         }
         work[i].last = b;
     }
-    if (threads > 1 && gomp_parallel) {
-        Team team = {work, threads};
-        gomp_parallel(team_member, &team, (unsigned)threads, 0);
-        int failed = FAIL_NONE;
-        for (int i = 0; i < threads && !failed; ++i) failed = work[i].failed;
-        return failed;
-    }
-    for (int i = 1; i < threads; ++i) started[i] = pthread_create(&ids[i], NULL, run_work, &work[i]) == 0;
-    for (int i = 1; i < threads; ++i)
-        if (!started[i]) run_work(&work[i]); /* could not start a thread: do its share here */
-    run_work(&work[0]);
-    int failed = work[0].failed;
-    for (int i = 1; i < threads; ++i) {
-        if (started[i]) pthread_join(ids[i], NULL);
-        failed = failed ? failed : work[i].failed;
-    }
+    run_shares(run_work, work, sizeof(Work), threads);
+    int failed = FAIL_NONE;
+    for (int i = 0; i < threads && !failed; ++i) failed = work[i].failed;
     return failed;
 }
 
@@ -468,24 +405,8 @@ static PyObject *paged_decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *use_openmp(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long parallel, thread_num, num_threads;
-    if (!PyArg_ParseTuple(args, "KKK", &parallel, &thread_num, &num_threads)) return NULL;
-    if (!parallel || !thread_num || !num_threads) {
-        gomp_parallel = NULL; /* back to pthreads */
-        Py_RETURN_NONE;
-    }
-    omp_thread_num = (omp_int_fn)(uintptr_t)thread_num;
-    omp_num_threads = (omp_int_fn)(uintptr_t)num_threads;
-    gomp_parallel = (gomp_parallel_fn)(uintptr_t)parallel;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"use_openmp", use_openmp, METH_VARARGS,
-     "use_openmp(GOMP_parallel, omp_get_thread_num, omp_get_num_threads): addresses in the OpenMP runtime to "
-     "run on (all 0: plain pthreads)"},
+    {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
     {"paged_decode", paged_decode, METH_VARARGS,
      "paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, batch, heads, kv_heads, head_dim, "
      "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads, "

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from folio.engine import LLM, SamplingParams
 from folio.engine.layers import linear
+from tests.support.models import make_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -51,6 +52,34 @@ def test_native_cpu_decode_matches_the_gather_path(tiny_variant) -> None:
     runner.native_decode = False
     gathered = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert native == gathered
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa3-tied", "mistral-window"])
+def test_native_cpu_prefill_matches_sdpa(tiny_variant, tmp_path, monkeypatch, variant: str) -> None:
+    """The CPU prefill path's two implementations, over whole prompts, chunks after cached tokens (chunked
+    prefill; the second run's prefix-cache hits) and a sliding window shorter than the prompts: the C kernel
+    and SDPA give the same tokens."""
+    from folio.kernels import prefill_attention_cpu
+
+    if not prefill_attention_cpu.AVAILABLE:
+        pytest.skip("no native prefill kernel here")
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist() for n in (1, 6, 19, 47, 80, 33)]
+    prompts.append(prompts[4] + [11, 12, 13, 14])  # a prefix-cache hit
+    path = (make_tiny_llama(tmp_path, arch="mistral", sliding_window=24) if variant == "mistral-window"
+            else tiny_variant(variant))
+    llm = LLM(str(path), max_num_batched_tokens=32, block_size=16)
+    calls: list[tuple[int, int | None]] = []
+    real = prefill_attention_cpu.prefill_attention_cpu
+    monkeypatch.setattr(prefill_attention_cpu, "prefill_attention_cpu",
+                        lambda q, *a, **k: calls.append((q.shape[0], k.get("window"))) or real(q, *a, **k))
+    native = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert calls and max(n for n, _ in calls) <= 32
+    assert {w for _, w in calls} == ({24} if variant == "mistral-window" else {None})
+    monkeypatch.setattr(prefill_attention_cpu, "AVAILABLE", False)
+    sdpa = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert native == sdpa
+    assert llm.llm_engine.stats().prefix_cache_hits_total > 0
 
 
 def test_float32_cpu_projections_change_no_token(tiny_variant, monkeypatch) -> None:

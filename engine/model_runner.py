@@ -157,13 +157,16 @@ class ModelRunner:
 
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, self.kv_caches, ctx)
-        if prompt_logits.wanted(inputs):
+        wanted = prompt_logits.wanted(inputs)
+        # With prompts in the step, most rows need no logits: the model hands back the sampled ones only.
+        rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, self.kv_caches, ctx, None if wanted or not inputs.prefills else rows)
+        if wanted:
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         sampling = inputs.sampling
         if not sampling:
             return [], None
-        logits = self._logits(hidden[torch.tensor(inputs.logit_rows, device=self.device)])
+        logits = self._logits(hidden[rows] if wanted or not inputs.prefills else hidden)
         return sampling, self.sampler(logits, [s.seq for s in sampling])
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,11 +29,15 @@ class PreNormDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         ctx: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows``: only those rows leave the layer (the last layer's, when only some rows get logits)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, ctx)
+        x = self.self_attn(positions, x, kv_cache, ctx, rows)
+        if rows is not None:
+            residual = residual[rows]
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual

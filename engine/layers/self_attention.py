@@ -49,7 +49,10 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         ctx: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention block's output for every token, or with ``rows`` for those rows only (every token's
+        K/V is still stored)."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q_end, k_end = self.q_size, self.q_size + self.kv_size
         v = qkv[:, k_end:].view(-1, self.num_kv_heads, self.head_dim)
@@ -66,6 +69,8 @@ class SelfAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary(positions, q, k, cos_sin)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx, self.scale, self.window)
+        if rows is not None:
+            o = o[rows]
         return linear(o.reshape(-1, self.q_size), self.o_weight)
 
     def checkpoint_names(self) -> CheckpointNames:

@@ -105,14 +105,18 @@ class DecoderLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         ctx: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's tokens (final norm applied)."""
+        """Hidden states [T, hidden] of the step's tokens (final norm applied); with ``rows`` only those
+        rows', in that order: the last layer then skips its output projection and feed-forward block for
+        the rest (a prompt's tokens but its last, whose K/V every layer has stored by then)."""
         x = self.embed(input_ids)
         if not ctx.use_kernels:
             ctx.rope_cos_sin = {r: r.cos_sin(positions, x.dtype) for r in self._rotaries}
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(positions, x, residual, kv_cache, ctx)
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            x, residual = layer(positions, x, residual, kv_cache, ctx, rows if i == last else None)
         x, _ = self.norm(x, residual)
         return x
 

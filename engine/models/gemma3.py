@@ -42,13 +42,17 @@ class Gemma3DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         ctx: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` is the previous layer's feed-forward output still to be added (None on the first layer)."""
+        """``x`` is the previous layer's feed-forward output still to be added (None on the first layer);
+        ``rows``: only those rows leave the layer."""
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h = self.post_attention_layernorm(self.self_attn(positions, h, kv_cache, ctx))
+        h = self.post_attention_layernorm(self.self_attn(positions, h, kv_cache, ctx, rows))
+        if rows is not None:
+            residual = residual[rows]
         h, residual = self.pre_feedforward_layernorm(h, residual)
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 

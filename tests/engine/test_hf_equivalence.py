@@ -67,3 +67,20 @@ def test_smollm2_safetensors_matches_transformers(smollm2_dir: Path) -> None:
 def test_smollm2_gguf_matches_transformers(smollm2_gguf_path: Path, smollm2_dir: Path) -> None:
     # smollm2_dir is the same GGUF converted by transformers: same weights, HF's own dequantisation
     _check_smollm2(str(smollm2_gguf_path), smollm2_dir)
+
+
+def test_chunked_prompts_whose_steps_sample_nothing_match_transformers(tiny_variant) -> None:
+    """With prompts in a step the last layer runs its output projection and feed-forward block for the
+    sampled rows only; a chunk that is not its prompt's last samples nothing, so the step passes none."""
+    path = tiny_variant("llama-gqa2")
+    prompts = random_prompts(512, (150, 3, 61), seed=4)
+    expected = hf_greedy(path, prompts, 8)
+    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=16)
+    model = llm.llm_engine.runner.model
+    rows_seen: list[int | None] = []
+    real = model.forward
+    model.forward = lambda *a, **k: rows_seen.append(None if a[4] is None else len(a[4])) or real(*a, **k)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8))
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert 0 in rows_seen  # a step of prompt chunks only
+    assert None in rows_seen  # decode-only steps keep every row

@@ -65,8 +65,9 @@ CPU_PREFILL = Extension(
 CPU_FUSED = Extension(
     "folio.kernels._cpu_fused",
     sources=["kernels/csrc/fused_cpu.c"],
-    depends=["kernels/csrc/cpu_vec.h"],
+    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-std=c11"],
+    extra_link_args=["-pthread"],
     optional=True,
 )
 

@@ -8,7 +8,8 @@ tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref`` (``folio.ke
 ``F.silu(gate) * up``, ``x.max(dim=-1).indices``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
 (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension: ``AVAILABLE`` says whether
 this install has it, ``VECTOR_DTYPES`` which dtypes this CPU runs the vector ops in; elsewhere the engine
-runs its PyTorch code. CPU tensors, each row's last dimension contiguous.
+runs its PyTorch code. CPU tensors, each row's last dimension contiguous. Ops with enough rows split them
+over torch's threads (``torch.get_num_threads()``); the results do not depend on the split.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels._checks import require
+from folio.kernels.decode_attention_cpu import share_torch_threads
 
 try:
     from folio.kernels import _cpu_fused  # type: ignore[attr-defined]
@@ -27,6 +29,8 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # the dtypes this CPU runs the vector ops in: float32 with AVX-512F, bfloat16 with AVX512-BF16 as well
 _RUNS = _cpu_fused.dtypes() if _cpu_fused is not None else (False, False)
 VECTOR_DTYPES = frozenset(d for d, runs in zip(DTYPES, _RUNS, strict=True) if runs)
+if _cpu_fused is not None:
+    share_torch_threads(_cpu_fused)  # large ops split their rows over torch's workers
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -57,7 +61,8 @@ def rms_norm(
         summed = torch.empty_like(out)
         residual_ptr, residual_stride = residual.data_ptr(), residual.stride(0)
     _cpu_fused.rms_norm(x.data_ptr(), residual_ptr, weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
-                        x.shape[0], hidden, x.stride(0), residual_stride, float(eps), DTYPES[x.dtype])
+                        x.shape[0], hidden, x.stride(0), residual_stride, float(eps), DTYPES[x.dtype],
+                        torch.get_num_threads())
     return out if residual is None else (out, summed)
 
 
@@ -69,7 +74,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     width = gate_up.shape[1] // 2
     out = torch.empty((gate_up.shape[0], width), dtype=gate_up.dtype)
     _cpu_fused.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), gate_up.shape[0], width,
-                            DTYPES[gate_up.dtype])
+                            DTYPES[gate_up.dtype], torch.get_num_threads())
     return out
 
 
@@ -98,7 +103,7 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     require(cos.dtype == sin.dtype == x.dtype and cos.stride() == sin.stride() and cos.stride(1) == 1,
             "cos and sin must be in x's dtype, with the same contiguous rows")
     _cpu_fused.rotary_neox(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
-                           x.stride(1), cos.stride(0), half, DTYPES[x.dtype])
+                           x.stride(1), cos.stride(0), half, DTYPES[x.dtype], torch.get_num_threads())
     return x
 
 
@@ -129,4 +134,4 @@ def store_kv(
     size = key.element_size()
     _cpu_fused.store_kv(key.data_ptr(), value.data_ptr(), key.stride(0) * size, value.stride(0) * size,
                         k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), key.shape[0], row * size,
-                        k_cache.shape[0] * k_cache.shape[1])
+                        k_cache.shape[0] * k_cache.shape[1], torch.get_num_threads())

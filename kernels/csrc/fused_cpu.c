@@ -16,8 +16,9 @@
  *
  * AVX-512 only: float32 needs AVX-512F, bfloat16 also AVX512-BF16 (its rounding instruction; without it the
  * emulated rounding makes these ops slower than PyTorch's). `dtypes()` says which this CPU runs; elsewhere
- * the engine keeps its PyTorch code. Single-threaded: the tensors are small enough that a thread costs more
- * to start than it saves. No torch headers: the Python wrapper (folio.kernels.fused_cpu) checks shapes,
+ * the engine keeps its PyTorch code. Rows are independent: an op with enough of them splits them over
+ * torch's OpenMP workers (cpu_team.h), with results that do not depend on the split; a small one runs on
+ * the calling thread, where a thread would cost more to start than it saves. No torch headers: the Python wrapper (folio.kernels.fused_cpu) checks shapes,
  * dtypes and strides and passes data pointers, so this builds as a plain C extension in a second.
  */
 #define PY_SSIZE_T_CLEAN
@@ -26,6 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_team.h"
 #include "cpu_vec.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -280,18 +282,102 @@ static PyObject *dtypes(PyObject *self, PyObject *args) {
                          norm_kernels[DTYPE_BF16] ? Py_True : Py_False);
 }
 
+/* --- splitting rows over threads ------------------------------------------------------------------------ */
+
+typedef struct { /* SiLU-and-multiply */
+    const void *gate_up; /* [rows, 2 * width], rows `stride` elements apart; gate first */
+    void *out;           /* [rows, width] */
+    int64_t stride, rows, width;
+} SiluMul;
+
+typedef struct { /* the KV scatter, slots already checked */
+    const char *key, *value;
+    char *k_cache, *v_cache;
+    const int64_t *slots;
+    int64_t key_stride, value_stride, tokens, row_bytes; /* strides in bytes */
+} Scatter;
+
+enum { OP_NORM, OP_SILU_MUL, OP_ROTATE, OP_SCATTER };
+
+typedef struct {
+    int op, dtype;
+    const void *problem;
+    int64_t first, last; /* rows */
+} Rows;
+
+#define AT(base, elements, size) ((void *)((char *)(base) + (elements) * (size)))
+
+static void scatter(const Scatter *s) {
+    for (int64_t i = 0; i < s->tokens; ++i) {
+        if (s->slots[i] < 0) continue;
+        memcpy(s->k_cache + s->slots[i] * s->row_bytes, s->key + i * s->key_stride, (size_t)s->row_bytes);
+        memcpy(s->v_cache + s->slots[i] * s->row_bytes, s->value + i * s->value_stride, (size_t)s->row_bytes);
+    }
+}
+
+/* The op over rows [first, last): its problem with the pointers moved to the first row. */
+static void *run_rows(void *arg) {
+    const Rows *r = (const Rows *)arg;
+    const int64_t a = r->first, n = r->last - r->first, size = r->dtype == DTYPE_BF16 ? 2 : 4;
+    switch (r->op) {
+    case OP_NORM: {
+        Norm m = *(const Norm *)r->problem;
+        m.x = AT(m.x, a * m.x_stride, size), m.out = AT(m.out, a * m.hidden, size);
+        m.residual = m.residual ? AT(m.residual, a * m.residual_stride, size) : NULL;
+        m.residual_out = AT(m.residual_out, a * m.hidden, size), m.rows = n;
+        norm_kernels[r->dtype](&m);
+        break;
+    }
+    case OP_SILU_MUL: {
+        const SiluMul *m = (const SiluMul *)r->problem;
+        silu_mul_kernels[r->dtype](AT(m->gate_up, a * m->stride, size), m->stride, AT(m->out, a * m->width, size), n,
+                                   m->width);
+        break;
+    }
+    case OP_ROTATE: {
+        Rotary m = *(const Rotary *)r->problem;
+        m.x = AT(m.x, a * m.token_stride, size), m.cos = AT(m.cos, a * m.cs_stride, size);
+        m.sin = AT(m.sin, a * m.cs_stride, size), m.tokens = n;
+        rotate_kernels[r->dtype](&m);
+        break;
+    }
+    default: {
+        Scatter m = *(const Scatter *)r->problem;
+        m.key += a * m.key_stride, m.value += a * m.value_stride, m.slots += a, m.tokens = n;
+        scatter(&m);
+        break;
+    }
+    }
+    return NULL;
+}
+
+/* Below this many elements (or bytes, for the scatter) per thread a thread costs more than it saves. */
+#define MIN_WORK_PER_THREAD 32768
+
+/* The op over all `rows`, split into contiguous ranges over up to `threads` threads by `work` per row. */
+static void over_rows(int op, int dtype, const void *problem, int64_t rows, int64_t work, int threads) {
+    const int64_t useful = rows * work / MIN_WORK_PER_THREAD;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > useful) threads = useful > 1 ? (int)useful : 1;
+    if (threads > rows) threads = rows > 1 ? (int)rows : 1;
+    Rows shares[MAX_THREADS];
+    for (int i = 0; i < threads; ++i) shares[i] = (Rows){op, dtype, problem, rows * i / threads, rows * (i + 1) / threads};
+    if (threads == 1) run_rows(&shares[0]);
+    else run_shares(run_rows, shares, sizeof(Rows), threads);
+}
+
 static PyObject *rms_norm(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long x, residual, weight, out, residual_out;
     long long rows, hidden, x_stride, residual_stride;
     float eps;
-    int dtype;
-    if (!PyArg_ParseTuple(args, "KKKKKLLLLfi", &x, &residual, &weight, &out, &residual_out, &rows, &hidden,
-                          &x_stride, &residual_stride, &eps, &dtype) || !runs(dtype))
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLfii", &x, &residual, &weight, &out, &residual_out, &rows, &hidden,
+                          &x_stride, &residual_stride, &eps, &dtype, &threads) || !runs(dtype))
         return NULL;
     const Norm n = {PTR(x), PTR(residual), PTR(weight), PTR(out), PTR(residual_out), rows, hidden, x_stride,
                     residual_stride, eps};
-    Py_BEGIN_ALLOW_THREADS norm_kernels[dtype](&n);
+    Py_BEGIN_ALLOW_THREADS over_rows(OP_NORM, dtype, &n, rows, hidden, threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -299,10 +385,11 @@ static PyObject *silu_and_mul(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long gate_up, out;
     long long stride, rows, width;
-    int dtype;
-    if (!PyArg_ParseTuple(args, "KLKLLi", &gate_up, &stride, &out, &rows, &width, &dtype) || !runs(dtype))
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "KLKLLii", &gate_up, &stride, &out, &rows, &width, &dtype, &threads) || !runs(dtype))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS silu_mul_kernels[dtype](PTR(gate_up), stride, PTR(out), rows, width);
+    const SiluMul m = {PTR(gate_up), PTR(out), stride, rows, width};
+    Py_BEGIN_ALLOW_THREADS over_rows(OP_SILU_MUL, dtype, &m, rows, width, threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -310,12 +397,12 @@ static PyObject *rotary_neox(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long x, cos, sin;
     long long tokens, heads, token_stride, head_stride, cs_stride, half;
-    int dtype;
-    if (!PyArg_ParseTuple(args, "KKKLLLLLLi", &x, &cos, &sin, &tokens, &heads, &token_stride, &head_stride,
-                          &cs_stride, &half, &dtype) || !runs(dtype))
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "KKKLLLLLLii", &x, &cos, &sin, &tokens, &heads, &token_stride, &head_stride,
+                          &cs_stride, &half, &dtype, &threads) || !runs(dtype))
         return NULL;
     const Rotary p = {PTR(x), PTR(cos), PTR(sin), tokens, heads, token_stride, head_stride, cs_stride, half};
-    Py_BEGIN_ALLOW_THREADS rotate_kernels[dtype](&p);
+    Py_BEGIN_ALLOW_THREADS over_rows(OP_ROTATE, dtype, &p, tokens, 2 * heads * half, threads);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -329,19 +416,10 @@ static PyObject *argmax_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
-/* Token i's key row (row_bytes, contiguous) to slot slots[i] of the cache; slot -1 (padding) is skipped.
- * Returns the first token whose slot lies outside [-1, num_slots), or -1 when all were in range (then all
- * were written; otherwise nothing was). */
-static int64_t scatter_rows(const char *key, const char *value, int64_t key_stride, int64_t value_stride,
-                            char *k_cache, char *v_cache, const int64_t *slots, int64_t tokens, int64_t row_bytes,
-                            int64_t num_slots) {
+/* The first token whose slot lies outside [-1, num_slots), or -1 when all are in range. */
+static int64_t bad_slot(const int64_t *slots, int64_t tokens, int64_t num_slots) {
     for (int64_t i = 0; i < tokens; ++i)
         if (slots[i] < -1 || slots[i] >= num_slots) return i;
-    for (int64_t i = 0; i < tokens; ++i) {
-        if (slots[i] < 0) continue;
-        memcpy(k_cache + slots[i] * row_bytes, key + i * key_stride, (size_t)row_bytes);
-        memcpy(v_cache + slots[i] * row_bytes, value + i * value_stride, (size_t)row_bytes);
-    }
     return -1;
 }
 
@@ -349,12 +427,17 @@ static PyObject *store_kv(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long key, value, k_cache, v_cache, slots;
     long long key_stride, value_stride, tokens, row_bytes, num_slots;
-    if (!PyArg_ParseTuple(args, "KKLLKKKLLL", &key, &value, &key_stride, &value_stride, &k_cache, &v_cache, &slots,
-                          &tokens, &row_bytes, &num_slots))
+    int threads;
+    if (!PyArg_ParseTuple(args, "KKLLKKKLLLi", &key, &value, &key_stride, &value_stride, &k_cache, &v_cache, &slots,
+                          &tokens, &row_bytes, &num_slots, &threads))
         return NULL;
+    /* Token i's key and value rows (row_bytes each, contiguous) to slot slots[i]; slot -1 (padding) is
+     * skipped. Every slot is checked first: one outside the cache writes nothing. */
+    const Scatter m = {PTR(key), PTR(value), PTR(k_cache), PTR(v_cache), PTR(slots), key_stride, value_stride,
+                       tokens, row_bytes};
     int64_t bad;
-    Py_BEGIN_ALLOW_THREADS bad = scatter_rows(PTR(key), PTR(value), key_stride, value_stride, PTR(k_cache),
-                                              PTR(v_cache), PTR(slots), tokens, row_bytes, num_slots);
+    Py_BEGIN_ALLOW_THREADS bad = bad_slot(m.slots, tokens, num_slots);
+    if (bad < 0) over_rows(OP_SCATTER, DTYPE_F32, &m, tokens, 2 * row_bytes, threads);
     Py_END_ALLOW_THREADS if (bad >= 0) {
         PyErr_Format(PyExc_ValueError, "slot_mapping values must lie in [-1, %lld), got %lld for token %lld",
                      num_slots, (long long)((const int64_t *)PTR(slots))[bad], (long long)bad);
@@ -364,17 +447,18 @@ static PyObject *store_kv(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
     {"dtypes", dtypes, METH_NOARGS, "dtypes() -> (float32, bfloat16): whether this CPU runs the vector ops"},
     {"rms_norm", rms_norm, METH_VARARGS,
-     "rms_norm(x, residual, weight, out, residual_out, rows, hidden, x_stride, residual_stride, eps, dtype): "
+     "rms_norm(x, residual, weight, out, residual_out, rows, hidden, x_stride, residual_stride, eps, dtype, threads): "
      "residual 0 for none; pointers and sizes already checked by folio.kernels.fused_cpu"},
-    {"silu_and_mul", silu_and_mul, METH_VARARGS, "silu_and_mul(gate_up, stride, out, rows, width, dtype)"},
+    {"silu_and_mul", silu_and_mul, METH_VARARGS, "silu_and_mul(gate_up, stride, out, rows, width, dtype, threads)"},
     {"rotary_neox", rotary_neox, METH_VARARGS,
-     "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype): in place"},
+     "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype, threads): in place"},
     {"argmax_rows", argmax_rows, METH_VARARGS,
      "argmax_rows(x, stride, out, rows, cols, dtype): out int64 [rows]; cols >= 1"},
     {"store_kv", store_kv, METH_VARARGS,
-     "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots): "
+     "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots, threads): "
      "strides in bytes, slots int64"},
     {NULL, NULL, 0, NULL},
 };

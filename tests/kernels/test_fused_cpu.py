@@ -188,3 +188,38 @@ def test_the_layers_take_the_native_ops_and_give_what_their_pytorch_code_gives(
         assert_same(native[2], python[2], exact=True)
     else:
         torch.testing.assert_close(native[2], python[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_split_the_rows_without_changing_results(dtype: torch.dtype, threads: int) -> None:
+    # enough rows that every op splits them (prefill-sized), an odd count so the ranges are uneven
+    g = torch.Generator().manual_seed(threads)
+    x, residual = (torch.randn(301, 576, generator=g).to(dtype) for _ in range(2))
+    weight = (torch.rand(576, generator=g) + 0.5).to(dtype)
+    gate_up = torch.randn(301, 2 * 1536, generator=g).to(dtype)
+    qk = torch.randn(301, 12, 64, generator=g).to(dtype)
+    cos, sin = torch.randn(301, 1, 32, generator=g).to(dtype), torch.randn(301, 1, 32, generator=g).to(dtype)
+    kv = torch.randn(301, 3, 64, generator=g).to(dtype)
+    slots = torch.randperm(64 * 16, generator=g)[:301]
+    slots[7] = -1  # padding is skipped on any thread
+
+    def run() -> tuple[torch.Tensor, ...]:
+        caches = torch.zeros(64, 16, 3, 64, dtype=dtype), torch.zeros(64, 16, 3, 64, dtype=dtype)
+        fused_cpu.store_kv(kv, kv, *caches, slots)
+        out, summed = fused_cpu.rms_norm(x, weight, 1e-6, residual)
+        return (out, summed, fused_cpu.silu_and_mul(gate_up), fused_cpu.rotate_(qk.clone(), cos, sin), *caches)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = run()
+        torch.set_num_threads(threads)
+        multi = run()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(single, multi, strict=True):
+        assert torch.equal(a, b)
+    written = torch.zeros(64 * 16, dtype=torch.bool)
+    written[slots[slots >= 0]] = True
+    assert torch.equal(single[4].view(-1, 3 * 64).any(dim=1), written)  # those slots and no others

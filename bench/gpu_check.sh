@@ -64,7 +64,7 @@ json_dir=${out:-$(mktemp -d)}
 if ((dry_run)); then
   section "collect kernel and engine GPU tests" 120 "$PY" -m pytest --collect-only "${pytest_args[@]}" \
     tests/kernels tests/engine/test_gpu.py
-  section "benchmarks, tiny on CPU" 120 "$PY" bench/kernels.py --dry-run
+  section "benchmarks, tiny on CPU" 120 "$PY" bench/gpu_kernels.py --dry-run
   section "tensor parallel benchmark, tiny on CPU" 120 "$PY" bench/tp.py --dry-run
   ((status == 0)) && echo "gpu_check --dry-run: ok" || echo "gpu_check --dry-run: failed: ${failed[*]}"
   exit $status
@@ -73,12 +73,12 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv,noheader 2>/dev/null || true
 "$PY" -c 'import torch, triton; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, {torch.cuda.get_device_name()}")'
 
-section "decode attention benchmark" 90 "$PY" bench/kernels.py --section decode --json "$json_dir/decode.json"
+section "decode attention benchmark" 90 "$PY" bench/gpu_kernels.py --section decode --json "$json_dir/decode.json"
 section "kernel tests on the GPU" 120 "$PY" -m pytest "${pytest_args[@]}" tests/kernels \
   --ignore=tests/kernels/test_gpu_check_dry_run.py
 section "engine tests on the GPU" 90 "$PY" -m pytest "${pytest_args[@]}" tests/engine/test_gpu.py
-section "prefill attention benchmark" 30 "$PY" bench/kernels.py --section prefill --quick --json "$json_dir/prefill.json"
-section "engine benchmark" 140 "$PY" bench/kernels.py --section engine --json "$json_dir/engine.json"
+section "prefill attention benchmark" 30 "$PY" bench/gpu_kernels.py --section prefill --quick --json "$json_dir/prefill.json"
+section "engine benchmark" 140 "$PY" bench/gpu_kernels.py --section engine --json "$json_dir/engine.json"
 # two or more GPUs: TP=2 against TP=1 (bench/tp.py, a random ~1B Llama built here, bfloat16)
 if (( $("$PY" -c 'import torch; print(torch.cuda.device_count())') >= 2 )); then
   section "tensor parallel benchmark" 180 "$PY" bench/tp.py --device cuda --json "$json_dir/tp.json"

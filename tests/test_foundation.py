@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import subprocess
 import sys
@@ -42,13 +43,18 @@ def test_python_dash_m_works_at_repo_root() -> None:
 
 
 def test_bare_engine_and_kernels_run_no_folio_code_at_repo_root() -> None:
-    # Only folio.engine and folio.kernels are Folio's; at the repo root the bare names are empty namespaces.
+    # Only folio.engine and folio.kernels are Folio's; at the repo root the bare names are empty namespaces,
+    # or, for `kernels`, the PyPI package of that name where it is installed (transformers requires it).
     out = subprocess.run(
-        [sys.executable, "-c", "import engine, kernels; print(engine.__file__, kernels.__file__, "
-         "hasattr(engine, 'LLM'), sorted(k for k in kernels.__dict__ if not k.startswith('__')))"],
+        [sys.executable, "-c", "import json, engine, kernels; print(json.dumps([engine.__file__, "
+         "hasattr(engine, 'LLM'), kernels.__file__, list(getattr(kernels, '__path__', []))]))"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )
-    assert out.stdout.split() == ["None", "None", "False", "[]"]
+    engine_file, has_llm, kernels_file, kernels_path = json.loads(out.stdout)
+    assert engine_file is None and not has_llm
+    assert kernels_file is None or not Path(kernels_file).is_relative_to(ROOT / "kernels")
+    if kernels_file is not None:  # the installed package: none of Folio's folders is part of it
+        assert not any(Path(p).resolve() == (ROOT / "kernels").resolve() for p in kernels_path)
 
 
 def test_transformers_kernels_probe_is_the_same_at_repo_root(tmp_path: Path) -> None:

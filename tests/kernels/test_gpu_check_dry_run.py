@@ -49,4 +49,4 @@ def test_dry_run_passes_without_the_missing_packages(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "gpu_check --dry-run: ok" in log
-    assert "tests collected" in log and "bench/kernels.py --dry-run: ok" in log
+    assert "tests collected" in log and "bench/gpu_kernels.py --dry-run: ok" in log

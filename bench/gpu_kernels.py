@@ -9,7 +9,7 @@ between runs) on CUDA-graph replays. Engine decode: tokens per second of whole d
 forward pass, sampling) of the engine on SmolLM2-135M (bfloat16), with its CUDA graphs and with
 ``enforce_eager=True``, at batch 1/16/64, in the same run. Without CUDA it prints why and exits 0.
 
-    python bench/kernels.py [--peak-tbps 4.8] [--quick] [--section all|kernels|engine]
+    python bench/gpu_kernels.py [--peak-tbps 4.8] [--quick] [--section all|kernels|engine]
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def dry_run() -> int:
 
     print(f"flash-attn importable: {importlib.util.find_spec('flash_attn') is not None}")
     bench_engine((1, 2), 2, "cpu", torch.float32, tiny=True)
-    print("bench/kernels.py --dry-run: ok")
+    print("bench/gpu_kernels.py --dry-run: ok")
     return 0
 
 
@@ -361,7 +361,7 @@ def main() -> int:
     if args.dry_run:
         return dry_run()
     if not torch.cuda.is_available():
-        print("bench/kernels.py: no CUDA device here; the kernel benchmark needs a GPU (skipped).")
+        print("bench/gpu_kernels.py: no CUDA device here; the kernel benchmark needs a GPU (skipped).")
         return 0
     name = torch.cuda.get_device_name()
     peak = peak_tbps(name, args.peak_tbps)

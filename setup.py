@@ -38,12 +38,16 @@ class BuildPy(build_py):
         return [(pkg, "__init__" if module == init else module, path) for pkg, module, path in modules]
 
 
+# what every CPU kernel includes: scalar helpers, the vector layer (built for AVX-512 and AVX2), its width
+# switch and the thread team
+SIMD_HEADERS = [f"kernels/csrc/{name}" for name in ("cpu_vec.h", "cpu_simd.h", "cpu_simd_width.h", "cpu_team.h")]
+
 # The CPU decode-attention kernel (kernels/csrc): plain C, no torch headers, so it builds in about a second.
 # Optional: without a C compiler the engine falls back to its PyTorch attention path.
 CPU_ATTENTION = Extension(
     "folio.kernels._cpu_attention",
     sources=["kernels/csrc/paged_decode_cpu.c"],
-    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
+    depends=[*SIMD_HEADERS, "kernels/csrc/paged_decode_simd.h"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11"],
     extra_link_args=["-pthread"],
     optional=True,
@@ -54,7 +58,7 @@ CPU_ATTENTION = Extension(
 CPU_PREFILL = Extension(
     "folio.kernels._cpu_prefill",
     sources=["kernels/csrc/prefill_attention_cpu.c"],
-    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
+    depends=[*SIMD_HEADERS, "kernels/csrc/prefill_attention_simd.h"],
     extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c11"],
     extra_link_args=["-pthread"],
     optional=True,
@@ -65,7 +69,7 @@ CPU_PREFILL = Extension(
 CPU_FUSED = Extension(
     "folio.kernels._cpu_fused",
     sources=["kernels/csrc/fused_cpu.c"],
-    depends=["kernels/csrc/cpu_vec.h", "kernels/csrc/cpu_team.h"],
+    depends=[*SIMD_HEADERS, "kernels/csrc/fused_cpu_simd.h"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=off", "-std=c11"],
     extra_link_args=["-pthread"],
     optional=True,

@@ -53,9 +53,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if not prefill_attention_cpu.AVAILABLE:
-        print("the native prefill kernel is not built or this CPU has no AVX-512F: nothing to compare")
+        print("the native prefill kernel is not built or this CPU has neither AVX-512F nor AVX2: nothing to compare")
         return 0
     torch.set_num_threads(args.threads)
+    print(f"vector path: {prefill_attention_cpu._cpu_prefill.simd()}-bit (AVX-512 if 512, AVX2 if 256)")
     scale = HEAD_DIM**-0.5
     for dtype in (torch.float32, torch.bfloat16):
         for length in LENGTHS:

@@ -26,7 +26,7 @@ except ImportError:  # built without a C compiler: callers use the PyTorch path
 
 AVAILABLE = _cpu_fused is not None
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-# the dtypes this CPU runs the vector ops in: float32 with AVX-512F, bfloat16 with AVX512-BF16 as well
+# the dtypes this CPU runs the vector ops in: both with AVX2; with AVX-512F, bfloat16 only with AVX512-BF16 too
 _RUNS = _cpu_fused.dtypes() if _cpu_fused is not None else (False, False)
 VECTOR_DTYPES = frozenset(d for d, runs in zip(DTYPES, _RUNS, strict=True) if runs)
 if _cpu_fused is not None:

@@ -3,7 +3,7 @@ attention over its contiguous keys and values, where the engine ran SDPA's CPU f
 
 Its reference is ``folio.kernels.attention_reference`` (through ``tests/kernels``); it matches it up to
 summation order. Built by ``pip install`` as an optional C extension; ``AVAILABLE`` says whether this install
-has it and this CPU runs it (AVX-512F).
+has it and this CPU runs it (AVX-512F or AVX2).
 """
 
 from __future__ import annotations

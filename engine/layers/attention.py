@@ -1,7 +1,7 @@
 """Paged attention: store this step's K/V in the block cache, then attend over each sequence's context.
 
 CPU: prefill segments run one by one through `folio.kernels`' native CPU prefill kernel where the CPU has
-AVX-512, else `scaled_dot_product_attention` (either directly on the new K/V when nothing is cached before
+AVX-512 or AVX2, else `scaled_dot_product_attention` (either directly on the new K/V when nothing is cached before
 them); decode queries run through `folio.kernels`' native CPU kernel, which reads
 the paged cache in place, or (a build without it, or float16) in a few length buckets over K/V gathered by
 block table. Grouped-query attention needs no K/V copies for decodes: the query heads sharing a KV head are

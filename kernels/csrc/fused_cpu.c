@@ -4,7 +4,7 @@
  *
  * PyTorch runs each of these as two to seven ops, every one a pass over memory with its own dispatch and its
  * own temporary; on a small model's decode step, where the tensors are a few hundred kilobytes, that costs
- * more than the arithmetic. Here each op is one pass over its rows, 16 lanes at a time.
+ * more than the arithmetic. Here each op is one pass over its rows, a vector at a time.
  *
  * The roundings are the engine's PyTorch path's (transformers'): bfloat16 values are widened to float32,
  * and every result PyTorch rounds to the tensor dtype is rounded here, to nearest even, at the same place.
@@ -14,9 +14,10 @@
  * PyTorch's in the last float32 bit; in bfloat16 that survives only where it crosses a rounding boundary,
  * rarely, but over a long greedy generation one such flip can change a later token.
  *
- * AVX-512 only: float32 needs AVX-512F, bfloat16 also AVX512-BF16 (its rounding instruction; without it the
- * emulated rounding makes these ops slower than PyTorch's). `dtypes()` says which this CPU runs; elsewhere
- * the engine keeps its PyTorch code. Rows are independent: an op with enough of them splits them over
+ * The ops (fused_cpu_simd.h) are built for AVX-512 and for AVX2; `dtypes()` says which dtypes this CPU runs
+ * them in: float32 with either, bfloat16 with AVX2 or with AVX-512F and AVX512-BF16 (its rounding
+ * instruction; an AVX-512 CPU without it gains nothing over PyTorch's own AVX-512 code with the emulated
+ * rounding). Elsewhere the engine keeps its PyTorch code. Rows are independent: an op with enough of them splits them over
  * torch's OpenMP workers (cpu_team.h), with results that do not depend on the split; a small one runs on
  * the calling thread, where a thread would cost more to start than it saves. No torch headers: the Python wrapper (folio.kernels.fused_cpu) checks shapes,
  * dtypes and strides and passes data pointers, so this builds as a plain C extension in a second.
@@ -27,6 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_simd_width.h"
 #include "cpu_team.h"
 #include "cpu_vec.h"
 
@@ -72,205 +74,45 @@ typedef struct { /* the rotary embedding, in place */
     int64_t tokens, heads, token_stride, head_stride, cs_stride, half;
 } Rotary;
 
-/* --- the kernels: 16 lanes at a time; a row's last width % 16 values take the scalar helpers above ------ */
+/* --- the kernels, per instruction set -------------------------------------------------------------- */
+
+typedef struct {
+    void (*norm)(const Norm *);
+    void (*silu_mul)(const void *, int64_t, void *, int64_t, int64_t);
+    void (*rotate)(const Rotary *);
+    void (*argmax)(const void *, int64_t, int64_t *, int64_t, int64_t);
+} Kernels;
+
 #ifdef FOLIO_X86
-/* The float32 instantiations carry the same target but hold no BF16 instruction (pack16 is reached only with
- * bf16 set), so AVX-512F alone runs them. */
-#define TARGET __attribute__((target("avx512f,avx512bf16")))
-#define AVX512 TARGET __attribute__((always_inline)) static inline
-
-/* vcvtneps2bf16 rounds to nearest even as f32_to_bf16 does, NaN included, but flushes subnormals to zero:
- * the rare vector that holds one takes the integer rounding instead. */
-AVX512 __m256i pack16(__m512 x) {
-    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 subnormal = /* 0 < |x| < 2^-126, as unsigned integers: |x| - 1 < 0x7fffff */
-        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff));
-    if (__builtin_expect(subnormal != 0, 0)) return _mm512_cvtepi32_epi16(bf16_bits16(x));
-    return (__m256i)_mm512_cvtneps_pbh(x);
-}
-
-/* store16 (cpu_vec.h) with the fast rounding; and x as the tensor dtype would hold it (PyTorch rounds the
- * result of every bfloat16 op). */
-AVX512 void put16(void *base, int64_t i, __m512 x, const int bf16) {
-    if (bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), pack16(x));
-    else _mm512_storeu_ps((float *)base + i, x);
-}
-
-AVX512 __m512 rnd16(__m512 x, const int bf16) {
-    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pack16(x)), 16)) : x;
-}
-
-/* exp_full for 16 lanes. */
-AVX512 __m512 exp16_full(__m512 x) {
-    __m512 n;
-    const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(89.0f));
-    const __m512 y = exp_mantissa16(clamped, &n);
-    const __m512i ni = _mm512_cvtps_epi32(n);
-    const __m512i half = _mm512_srai_epi32(_mm512_add_epi32(ni, _mm512_srli_epi32(ni, 31)), 1); /* n / 2 as C */
-    __m512 e = _mm512_mul_ps(_mm512_mul_ps(y, pow2i16(half)), pow2i16(_mm512_sub_epi32(ni, half)));
-    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ),
-                           _mm512_set1_ps(INFINITY));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.0f), _CMP_NLT_UQ), e); /* NaN stays */
-}
-
-AVX512 void norm_rows16(const Norm *n, const int bf16) {
-    const int64_t hidden = n->hidden, full = hidden / 16 * 16;
-    for (int64_t row = 0; row < n->rows; ++row) {
-        const int64_t xi = row * n->x_stride, oi = row * hidden;
-        const void *src = n->x;
-        int64_t si = xi;
-        if (n->residual) {
-            const int64_t ri = row * n->residual_stride;
-            int64_t d = 0;
-            for (; d < full; d += 16)
-                put16(n->residual_out, oi + d,
-                        _mm512_add_ps(load16(n->x, xi + d, bf16), load16(n->residual, ri + d, bf16)), bf16);
-            for (; d < hidden; ++d)
-                store(n->residual_out, oi + d, load(n->x, xi + d, bf16) + load(n->residual, ri + d, bf16), bf16);
-            src = n->residual_out;
-            si = oi;
-        }
-        __m512 acc = _mm512_setzero_ps();
-        int64_t d = 0;
-        for (; d < full; d += 16) {
-            const __m512 v = load16(src, si + d, bf16);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
-        }
-        float sum = _mm512_reduce_add_ps(acc);
-        for (; d < hidden; ++d) sum += load(src, si + d, bf16) * load(src, si + d, bf16);
-        const float rs = 1.0f / sqrtf(sum / (float)hidden + n->eps);
-        const __m512 r = _mm512_set1_ps(rs);
-        for (d = 0; d < full; d += 16)
-            put16(n->out, oi + d,
-                    _mm512_mul_ps(rnd16(_mm512_mul_ps(load16(src, si + d, bf16), r), bf16),
-                                  load16(n->weight, d, bf16)), bf16);
-        for (; d < hidden; ++d)
-            store(n->out, oi + d, round_to(load(src, si + d, bf16) * rs, bf16) * load(n->weight, d, bf16), bf16);
-    }
-}
-
-TARGET static void norm16_f32(const Norm *n) { norm_rows16(n, 0); }
-TARGET static void norm16_bf16(const Norm *n) { norm_rows16(n, 1); }
-
-AVX512 void silu_mul_rows16(const void *gate_up, int64_t stride, void *out, int64_t rows, int64_t width,
-                            const int bf16) {
-    const int64_t full = width / 16 * 16;
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t row = 0; row < rows; ++row) {
-        const int64_t g = row * stride, o = row * width;
-        int64_t j = 0;
-        for (; j < full; j += 16) {
-            const __m512 x = load16(gate_up, g + j, bf16);
-            const __m512 e = exp16_full(_mm512_sub_ps(_mm512_setzero_ps(), x));
-            const __m512 silu = rnd16(_mm512_div_ps(x, _mm512_add_ps(one, e)), bf16);
-            put16(out, o + j, _mm512_mul_ps(silu, load16(gate_up, g + width + j, bf16)), bf16);
-        }
-        for (; j < width; ++j) {
-            const float x = load(gate_up, g + j, bf16);
-            store(out, o + j, round_to(x / (1.0f + exp_full(-x)), bf16) * load(gate_up, g + width + j, bf16), bf16);
-        }
-    }
-}
-
-TARGET static void silu_mul16_f32(const void *gu, int64_t s, void *o, int64_t r,
-                                                               int64_t w) {
-    silu_mul_rows16(gu, s, o, r, w, 0);
-}
-TARGET static void silu_mul16_bf16(const void *gu, int64_t s, void *o, int64_t r,
-                                                                int64_t w) {
-    silu_mul_rows16(gu, s, o, r, w, 1);
-}
-
-AVX512 void rotate_rows16(const Rotary *p, const int bf16) {
-    const int64_t half = p->half, full = half / 16 * 16;
-    for (int64_t t = 0; t < p->tokens; ++t) {
-        const int64_t c = t * p->cs_stride;
-        for (int64_t h = 0; h < p->heads; ++h) {
-            const int64_t base = t * p->token_stride + h * p->head_stride;
-            int64_t j = 0;
-            for (; j < full; j += 16) {
-                const __m512 x1 = load16(p->x, base + j, bf16), x2 = load16(p->x, base + half + j, bf16);
-                const __m512 cs = load16(p->cos, c + j, bf16), sn = load16(p->sin, c + j, bf16);
-                put16(p->x, base + j, _mm512_sub_ps(rnd16(_mm512_mul_ps(x1, cs), bf16),
-                                                      rnd16(_mm512_mul_ps(x2, sn), bf16)), bf16);
-                put16(p->x, base + half + j, _mm512_add_ps(rnd16(_mm512_mul_ps(x2, cs), bf16),
-                                                             rnd16(_mm512_mul_ps(x1, sn), bf16)), bf16);
-            }
-            for (; j < half; ++j) {
-                const float x1 = load(p->x, base + j, bf16), x2 = load(p->x, base + half + j, bf16);
-                const float cs = load(p->cos, c + j, bf16), sn = load(p->sin, c + j, bf16);
-                store(p->x, base + j, round_to(x1 * cs, bf16) - round_to(x2 * sn, bf16), bf16);
-                store(p->x, base + half + j, round_to(x2 * cs, bf16) + round_to(x1 * sn, bf16), bf16);
-            }
-        }
-    }
-}
-
-TARGET static void rotate16_f32(const Rotary *p) { rotate_rows16(p, 0); }
-TARGET static void rotate16_bf16(const Rotary *p) { rotate_rows16(p, 1); }
-
-/* The index of each row's first maximum, as torch's max(dim=-1) gives it: a NaN counts as the maximum (the
- * first NaN wins). One pass finds the maximum (and whether there is a NaN), a second finds where it first
- * is; a row of logits fits in L2, so the second pass reads no DRAM. bfloat16 compares exactly as float32. */
-AVX512 void argmax_rows16(const void *x, int64_t stride, int64_t *out, int64_t rows, int64_t cols, const int bf16) {
-    const int64_t full = cols / 16 * 16;
-    for (int64_t row = 0; row < rows; ++row) {
-        const int64_t base = row * stride;
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        __mmask16 nan = 0;
-        int64_t j = 0;
-        for (; j < full; j += 16) {
-            const __m512 v = load16(x, base + j, bf16);
-            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            m = _mm512_max_ps(m, v);
-        }
-        float best = _mm512_reduce_max_ps(m);
-        int has_nan = nan != 0;
-        for (; j < cols; ++j) {
-            const float v = load(x, base + j, bf16);
-            has_nan |= v != v;
-            best = v > best ? v : best;
-        }
-        const __m512 target = _mm512_set1_ps(best);
-        int64_t at = -1;
-        for (j = 0; j < full && at < 0; j += 16) {
-            const __m512 v = load16(x, base + j, bf16);
-            const __mmask16 hit = has_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)
-                                          : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
-            if (hit) at = j + __builtin_ctz(hit);
-        }
-        for (j = full; j < cols && at < 0; ++j) {
-            const float v = load(x, base + j, bf16);
-            if (has_nan ? v != v : v == best) at = j;
-        }
-        out[row] = at;
-    }
-}
-
-TARGET static void argmax16_f32(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) {
-    argmax_rows16(x, s, o, r, c, 0);
-}
-TARGET static void argmax16_bf16(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) {
-    argmax_rows16(x, s, o, r, c, 1);
-}
+/* The float32 instantiations carry the same target but hold no BF16 instruction (the fast rounding is
+ * reached only with bf16 set), so AVX-512F alone runs them. */
+#define FOLIO_SIMD_512_TARGET "avx512f,avx512bf16"
+#define FOLIO_SIMD 512
+#include "cpu_simd.h"
+#include "fused_cpu_simd.h"
+#undef FOLIO_SIMD
+#define FOLIO_SIMD 256
+#include "cpu_simd.h"
+#include "fused_cpu_simd.h"
 #endif
+
+/* The kernels for a dtype code on this CPU at the chosen width, or NULL (the engine keeps PyTorch). */
+static const Kernels *kernels_for(int dtype) {
+#ifdef FOLIO_X86
+    const int width = simd_width(), bf16 = dtype == DTYPE_BF16;
+    if (width == 512 && (!bf16 || __builtin_cpu_supports("avx512bf16"))) return bf16 ? &kernels_bf16_avx512 : &kernels_f32_avx512;
+    if (width >= 256) return bf16 ? &kernels_bf16_avx2 : &kernels_f32_avx2;
+#endif
+    (void)dtype;
+    return NULL;
+}
 
 /* --- Python entry points ----------------------------------------------------------------------------- */
 
 #define PTR(x) ((void *)(uintptr_t)(x))
 
-typedef void (*norm_fn)(const Norm *);
-typedef void (*silu_mul_fn)(const void *, int64_t, void *, int64_t, int64_t);
-typedef void (*rotate_fn)(const Rotary *);
-typedef void (*argmax_fn)(const void *, int64_t, int64_t *, int64_t, int64_t);
-/* Indexed by dtype code; NULL where this CPU lacks the instructions (set when the module loads). */
-static norm_fn norm_kernels[2];
-static silu_mul_fn silu_mul_kernels[2];
-static rotate_fn rotate_kernels[2];
-static argmax_fn argmax_kernels[2];
-
 static int runs(int dtype) {
-    if ((dtype == DTYPE_F32 || dtype == DTYPE_BF16) && norm_kernels[dtype]) return 1;
+    if ((dtype == DTYPE_F32 || dtype == DTYPE_BF16) && kernels_for(dtype)) return 1;
     PyErr_Format(PyExc_ValueError, "folio.kernels._cpu_fused has no kernel for dtype code %d on this CPU "
                                    "(see dtypes())", dtype);
     return 0;
@@ -278,8 +120,8 @@ static int runs(int dtype) {
 
 static PyObject *dtypes(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    return Py_BuildValue("(OO)", norm_kernels[DTYPE_F32] ? Py_True : Py_False,
-                         norm_kernels[DTYPE_BF16] ? Py_True : Py_False);
+    return Py_BuildValue("(OO)", kernels_for(DTYPE_F32) ? Py_True : Py_False,
+                         kernels_for(DTYPE_BF16) ? Py_True : Py_False);
 }
 
 /* --- splitting rows over threads ------------------------------------------------------------------------ */
@@ -325,12 +167,12 @@ static void *run_rows(void *arg) {
         m.x = AT(m.x, a * m.x_stride, size), m.out = AT(m.out, a * m.hidden, size);
         m.residual = m.residual ? AT(m.residual, a * m.residual_stride, size) : NULL;
         m.residual_out = AT(m.residual_out, a * m.hidden, size), m.rows = n;
-        norm_kernels[r->dtype](&m);
+        kernels_for(r->dtype)->norm(&m);
         break;
     }
     case OP_SILU_MUL: {
         const SiluMul *m = (const SiluMul *)r->problem;
-        silu_mul_kernels[r->dtype](AT(m->gate_up, a * m->stride, size), m->stride, AT(m->out, a * m->width, size), n,
+        kernels_for(r->dtype)->silu_mul(AT(m->gate_up, a * m->stride, size), m->stride, AT(m->out, a * m->width, size), n,
                                    m->width);
         break;
     }
@@ -338,7 +180,7 @@ static void *run_rows(void *arg) {
         Rotary m = *(const Rotary *)r->problem;
         m.x = AT(m.x, a * m.token_stride, size), m.cos = AT(m.cos, a * m.cs_stride, size);
         m.sin = AT(m.sin, a * m.cs_stride, size), m.tokens = n;
-        rotate_kernels[r->dtype](&m);
+        kernels_for(r->dtype)->rotate(&m);
         break;
     }
     default: {
@@ -412,7 +254,7 @@ static PyObject *argmax_rows(PyObject *self, PyObject *args) {
     long long stride, rows, cols;
     int dtype;
     if (!PyArg_ParseTuple(args, "KLKLLi", &x, &stride, &out, &rows, &cols, &dtype) || !runs(dtype)) return NULL;
-    Py_BEGIN_ALLOW_THREADS argmax_kernels[dtype](PTR(x), stride, PTR(out), rows, cols);
+    Py_BEGIN_ALLOW_THREADS kernels_for(dtype)->argmax(PTR(x), stride, PTR(out), rows, cols);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -448,6 +290,7 @@ static PyObject *store_kv(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
+    {"simd", simd, METH_VARARGS, SIMD_DOC},
     {"dtypes", dtypes, METH_NOARGS, "dtypes() -> (float32, bfloat16): whether this CPU runs the vector ops"},
     {"rms_norm", rms_norm, METH_VARARGS,
      "rms_norm(x, residual, weight, out, residual_out, rows, hidden, x_stride, residual_stride, eps, dtype, threads): "
@@ -467,17 +310,4 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_cpu_fused", .m_size = -1, .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__cpu_fused(void) {
-#ifdef FOLIO_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
-        norm_kernels[DTYPE_F32] = norm16_f32, silu_mul_kernels[DTYPE_F32] = silu_mul16_f32;
-        rotate_kernels[DTYPE_F32] = rotate16_f32, argmax_kernels[DTYPE_F32] = argmax16_f32;
-    }
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
-        norm_kernels[DTYPE_BF16] = norm16_bf16, silu_mul_kernels[DTYPE_BF16] = silu_mul16_bf16;
-        rotate_kernels[DTYPE_BF16] = rotate16_bf16, argmax_kernels[DTYPE_BF16] = argmax16_bf16;
-    }
-#endif
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__cpu_fused(void) { return PyModule_Create(&module); }

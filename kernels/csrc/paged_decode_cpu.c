@@ -8,9 +8,10 @@
  * With a sliding window W > 0 a query reads only its sequence's last W tokens (W = 0: the whole context).
  *
  * Per sequence: scores for every head while walking the keys once, an exact two-pass softmax in float32, then
- * the weighted sum of values walking them once. head_dim a multiple of 16 runs an AVX-512 path where the CPU
- * has it (bfloat16 widened to float32 as it is loaded); other head_dims and CPUs a portable path the compiler
- * vectorizes for AVX-512/AVX2/baseline. Sequences are split across threads by context length, on torch's
+ * the weighted sum of values walking them once. A head_dim that is a multiple of the vector width runs a vector
+ * path (paged_decode_simd.h) built for AVX-512 and for AVX2, whichever the CPU has (bfloat16 widened to
+ * float32 as it is loaded); other head_dims and CPUs a portable path the compiler vectorizes for
+ * AVX-512/AVX2/baseline. Sequences are split across threads by context length, on torch's
  * own OpenMP workers when the wrapper finds them (else pthreads). The GIL is released while it runs.
  * Single-core speed is bounded by memory: K/V are read once, nothing is written but the output.
  *
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_simd_width.h"
 #include "cpu_team.h"
 #include "cpu_vec.h"
 
@@ -167,7 +169,7 @@ HOT static int attend_any(const Problem *p, int64_t b, float *s, float *a, float
 
 /* FOLIO_PORTABLE_ONLY and FOLIO_NO_PREFETCH build the variants bench/decode_attention_cpu.py compares. */
 #if defined(FOLIO_X86) && !defined(FOLIO_PORTABLE_ONLY)
-#define HAVE_AVX512_PATH 1
+#define HAVE_VECTOR_PATH 1
 
 /* A sequence's K and V rows as one stream of bytes (its keys' rows, then its values' rows, in token order) and
  * how much of it has been prefetched. Pages sit anywhere in the cache, so the hardware prefetcher starts over on
@@ -210,91 +212,22 @@ __attribute__((always_inline)) static inline void ahead_upto(Ahead *a, int64_t u
 #endif
 }
 
-/* head_dim a multiple of 16 (up to 256), float32 or bfloat16 (widened on load, so the arithmetic is float32
- * either way), on AVX-512. Works page by page so that a page's rows stay in L1 while each query head runs over
- * them with its query (pass 1) or accumulator (pass 2) held in registers. Same arithmetic as attend_seq up to
- * summation order. */
-__attribute__((target("avx512f"), always_inline)) static inline int attend_avx512(const Problem *p, int64_t b,
-                                                                                  float *scores, float *norms,
-                                                                                  Ahead *next, const int64_t dim,
-                                                                                  const int bf16) {
-    const int64_t heads = p->heads, kv_heads = p->kv_heads, bs = p->block_size;
-    const int64_t group = heads / kv_heads, row = kv_heads * dim, end = p->context_lens[b], nv = dim / 16;
-    const int64_t lo = first_key(p, end), len = end - lo;
-    const int32_t *table = p->block_tables + b * p->table_stride;
-    for (int64_t i = lo / bs; i * bs < end; ++i)
-        if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
-    const __m512 scale = _mm512_set1_ps(p->scale);
+typedef int (*attend_vec_fn)(const Problem *, int64_t, float *, float *, Ahead *);
 
-    const int64_t units = 2 * heads * len; /* (query head x key) pairs in both passes: the pace of `next` */
-    int64_t done = 0;
-    for (int64_t start = lo; start < end;) { /* pass 1: scores */
-        const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
-        const int64_t page = ((int64_t)table[start / bs] * bs + off) * row;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t qh = b * p->q_stride_b + h * p->q_stride_h;
-            int64_t k = page + (h / group) * dim;
-            __m512 q[16];
-            for (int64_t i = 0; i < nv; ++i) q[i] = _mm512_mul_ps(load16(p->q, qh + 16 * i, bf16), scale);
-            float *out = scores + h * len + start - lo;
-            for (int64_t t = 0; t < n; ++t, k += row) {
-                __m512 a0 = _mm512_mul_ps(q[0], load16(p->k_cache, k, bf16)), a1 = _mm512_setzero_ps();
-                for (int64_t i = 1; i + 1 < nv; i += 2) {
-                    a1 = _mm512_fmadd_ps(q[i], load16(p->k_cache, k + 16 * i, bf16), a1);
-                    a0 = _mm512_fmadd_ps(q[i + 1], load16(p->k_cache, k + 16 * (i + 1), bf16), a0);
-                }
-                if (nv % 2 == 0) a1 = _mm512_fmadd_ps(q[nv - 1], load16(p->k_cache, k + 16 * (nv - 1), bf16), a1);
-                out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-            }
-            done += n;
-            ahead_upto(next, next->bytes * done / units);
-        }
-        start += n;
-    }
-    for (int64_t h = 0; h < heads; ++h) norms[h] = softmax_row16(scores + h * len, len); /* in place */
-    for (int64_t h = 0; h < heads; ++h) { /* pass 2: weighted values, the accumulator in registers */
-        __m512 acc[16];
-        for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_setzero_ps();
-        const float *w = scores + h * len;
-        for (int64_t start = lo; start < end;) {
-            const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
-            int64_t v = ((int64_t)table[start / bs] * bs + off) * row + (h / group) * dim;
-            for (int64_t t = 0; t < n; ++t, v += row) {
-                const __m512 wt = _mm512_set1_ps(w[start - lo + t]);
-                for (int64_t i = 0; i < nv; ++i) acc[i] = _mm512_fmadd_ps(wt, load16(p->v_cache, v + 16 * i, bf16), acc[i]);
-            }
-            start += n;
-            done += n;
-            ahead_upto(next, next->bytes * done / units);
-        }
-        const __m512 norm = _mm512_set1_ps(len > 0 ? norms[h] : 0.0f);
-        const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
-        for (int64_t i = 0; i < nv; ++i) store16(p->out, o + 16 * i, _mm512_mul_ps(acc[i], norm), bf16);
-    }
-    return FAIL_NONE;
-}
+#define FOLIO_SIMD 512
+#include "cpu_simd.h"
+#include "paged_decode_simd.h"
+#undef FOLIO_SIMD
+#define FOLIO_SIMD 256
+#include "cpu_simd.h"
+#include "paged_decode_simd.h"
 
-/* Entry points per dtype and head_dim: with the head_dim known at compile time the query and accumulator
- * vectors stay in registers (indexed by a variable they would live on the stack, several times slower). */
-#define ATTEND_AVX512(name, dim, bf16)                                                                       \
-    __attribute__((target("avx512f"))) static int name(const Problem *p, int64_t b, float *s, float *n,   \
-                                                       Ahead *next) {                                      \
-        return attend_avx512(p, b, s, n, next, dim, bf16);                                                  \
-    }
-ATTEND_AVX512(attend_f32_64, 64, 0)
-ATTEND_AVX512(attend_f32_128, 128, 0)
-ATTEND_AVX512(attend_f32_any, p->head_dim, 0)
-ATTEND_AVX512(attend_bf16_64, 64, 1)
-ATTEND_AVX512(attend_bf16_128, 128, 1)
-ATTEND_AVX512(attend_bf16_any, p->head_dim, 1)
-
-typedef int (*attend_avx512_fn)(const Problem *, int64_t, float *, float *, Ahead *);
-
-static attend_avx512_fn pick_avx512(const Problem *p) {
-    const int bf16 = p->dtype == DTYPE_BF16;
-    if (p->head_dim == 64) return bf16 ? attend_bf16_64 : attend_f32_64;
-    if (p->head_dim == 128) return bf16 ? attend_bf16_128 : attend_f32_128;
-    return bf16 ? attend_bf16_any : attend_f32_any;
+/* The vector path for this problem on this CPU, or NULL (the portable path). */
+static attend_vec_fn pick_vector(const Problem *p) {
+    const int width = simd_width();
+    if (width == 512 && p->head_dim % 16 == 0 && p->head_dim <= 256) return pick_attend_avx512(p);
+    if (width >= 256 && p->head_dim % 8 == 0 && p->head_dim <= 256) return pick_attend_avx2(p);
+    return NULL;
 }
 #endif
 
@@ -310,9 +243,9 @@ static void *run_work(void *arg) {
     }
     float *scores = buf, *acc = scores + p->heads * w->max_len, *qs = acc + p->heads * p->head_dim;
     float *tmp = qs + p->heads * p->head_dim;
-#ifdef HAVE_AVX512_PATH
-    if (p->head_dim % 16 == 0 && p->head_dim <= 256 && __builtin_cpu_supports("avx512f")) {
-        const attend_avx512_fn fast = pick_avx512(p);
+#ifdef HAVE_VECTOR_PATH
+    const attend_vec_fn fast = pick_vector(p);
+    if (fast) {
         const int64_t elem = p->dtype == DTYPE_BF16 ? 2 : 4;
         Ahead next;
         for (int64_t b = w->first; b < w->last && !w->failed; ++b) {
@@ -407,6 +340,7 @@ static PyObject *paged_decode(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
+    {"simd", simd, METH_VARARGS, SIMD_DOC},
     {"paged_decode", paged_decode, METH_VARARGS,
      "paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, batch, heads, kv_heads, head_dim, "
      "block_size, num_blocks, table_stride, q_stride_b, q_stride_h, out_stride_b, out_stride_h, scale, dtype, threads, "

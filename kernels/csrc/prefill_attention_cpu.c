@@ -7,13 +7,13 @@
  * SDPA's CPU flash kernel reaches 15-40 GFLOP/s at prompt lengths of a few hundred tokens; this one works in
  * tiles that keep the arithmetic in registers. The keys are transposed once per call into float32
  * [kv_heads][head_dim][len] rows, so that 16 query vectors (a query position x a query head of the KV
- * head's group) are scored against 16 keys with one broadcast multiply-add per (vector, dimension): no
- * horizontal sums. An exact two-pass softmax per query vector follows, then the weighted values, each value
+ * head's group; 8 at a time on AVX2) are scored against a vector of keys with one broadcast multiply-add
+ * per (vector, dimension): no horizontal sums. An exact two-pass softmax per query vector follows, then the weighted values, each value
  * row loaded once for several query vectors whose accumulators stay in registers. Same arithmetic as the
  * reference (folio.kernels.attention_reference) up to summation order.
  *
- * AVX-512F, head_dim a multiple of 16 up to 256; `available()` says whether this CPU runs it (elsewhere the
- * engine keeps SDPA). Shares of tiles run on torch's OpenMP workers (cpu_team.h); the GIL is released. No
+ * The tiles (prefill_attention_simd.h) are built for AVX-512F and for AVX2, head_dim a multiple of 16 up to
+ * 256; `available()` says whether this CPU runs either (elsewhere the engine keeps SDPA). Shares of tiles run on torch's OpenMP workers (cpu_team.h); the GIL is released. No
  * torch headers: the Python wrapper (folio.kernels.prefill_attention_cpu) checks shapes, dtypes and strides.
  */
 #define PY_SSIZE_T_CLEAN
@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_simd_width.h"
 #include "cpu_team.h"
 #include "cpu_vec.h"
 
@@ -54,106 +55,17 @@ static inline int64_t first_key(const Prefill *p, int64_t pos) {
 }
 
 #if defined(FOLIO_X86)
-#define KERNEL __attribute__((target("avx512f"), always_inline)) static inline
-
-/* The weighted values of `vb` query vectors u0 .. u0+vb-1 (of TILE in the tile) over keys [lo, hi): their
- * accumulators in registers, each value row loaded once. `vb` and `dim` are compile-time constants. */
-KERNEL void weigh_values(const Prefill *p, int64_t kvh, const float *scores, int64_t span, int64_t key0,
-                         int64_t lo, int64_t hi, const float *norms, const int64_t *rows, const int64_t *heads,
-                         const int vb, const int64_t dim, const int bf16) {
-    const int64_t nv = dim / 16;
-    __m512 acc[4][16];
-    for (int g = 0; g < vb; ++g)
-        for (int64_t i = 0; i < nv; ++i) acc[g][i] = _mm512_setzero_ps();
-    for (int64_t j = lo; j < hi; ++j) {
-        __m512 x[16];
-        for (int64_t i = 0; i < nv; ++i) x[i] = load16(p->v, j * p->v_stride + kvh * dim + 16 * i, bf16);
-        for (int g = 0; g < vb; ++g) {
-            const __m512 w = _mm512_set1_ps(scores[g * span + j - key0]);
-            for (int64_t i = 0; i < nv; ++i) acc[g][i] = _mm512_fmadd_ps(w, x[i], acc[g][i]);
-        }
-    }
-    for (int g = 0; g < vb; ++g) {
-        if (rows[g] < 0) continue; /* padding past the last query */
-        const __m512 norm = _mm512_set1_ps(norms[g]);
-        const int64_t o = rows[g] * p->out_stride + heads[g] * p->out_head_stride;
-        for (int64_t i = 0; i < nv; ++i) store16(p->out, o + 16 * i, _mm512_mul_ps(acc[g][i], norm), bf16);
-    }
-}
-
-/* One tile: TILE query vectors of KV head kvh, vector u = query row * group + head in group. `scores` holds
- * TILE x (len_pad + 16) floats, `qs` TILE x dim. */
-KERNEL void attend_tile(const Prefill *p, int64_t tile, float *scores, float *qs, const int64_t dim,
-                        const int bf16) {
-    const int64_t group = p->heads / p->kv_heads, per_head = tiles_per_head(p);
-    const int64_t kvh = tile / per_head, u0 = (tile % per_head) * TILE, vectors = p->n * group;
-    int64_t rows[TILE], heads[TILE], lo[TILE], hi[TILE];
-    const __m512 scale = _mm512_set1_ps(p->scale);
-    for (int v = 0; v < TILE; ++v) {
-        const int64_t u = u0 + v;
-        rows[v] = u < vectors ? u / group : -1;
-        heads[v] = kvh * group + u % group;
-        const int64_t pos = p->len - p->n + (u < vectors ? u / group : p->n - 1);
-        lo[v] = first_key(p, pos), hi[v] = pos + 1;
-        for (int64_t i = 0; i < dim / 16; ++i) {
-            const __m512 x = rows[v] < 0 ? _mm512_setzero_ps()
-                                         : load16(p->q, rows[v] * p->q_stride + heads[v] * p->q_head_stride + 16 * i, bf16);
-            _mm512_storeu_ps(qs + v * dim + 16 * i, _mm512_mul_ps(x, scale));
-        }
-    }
-    /* keys [key0, key_end): the union of the vectors' ranges, key0 a multiple of 16 (the transposed rows'
-     * vectors are aligned to it) */
-    const int64_t key0 = lo[0] / 16 * 16, key_end = hi[TILE - 1], span = p->len_pad + 16;
-
-    /* pass 1: scores, 16 vectors x 16 keys in registers */
-    const float *kt = p->kt + kvh * dim * p->len_pad;
-    for (int64_t jb = key0; jb < key_end; jb += 16) {
-        __m512 acc[TILE];
-        for (int v = 0; v < TILE; ++v) acc[v] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; ++d) {
-            const __m512 keys = _mm512_loadu_ps(kt + d * p->len_pad + jb);
-            for (int v = 0; v < TILE; ++v) acc[v] = _mm512_fmadd_ps(_mm512_set1_ps(qs[v * dim + d]), keys, acc[v]);
-        }
-        for (int v = 0; v < TILE; ++v) _mm512_storeu_ps(scores + v * span + jb - key0, acc[v]);
-    }
-    /* softmax per vector over its own keys; zero weight elsewhere in the union (pass 2 runs over all of it) */
-    float norms[TILE];
-    for (int v = 0; v < TILE; ++v) {
-        float *s = scores + v * span;
-        norms[v] = softmax_row16(s + lo[v] - key0, hi[v] - lo[v]);
-        for (int64_t j = key0; j < lo[v]; ++j) s[j - key0] = 0.0f;
-        for (int64_t j = hi[v]; j < key_end; ++j) s[j - key0] = 0.0f;
-    }
-    /* pass 2: as many vectors at a time as keep their accumulators in registers */
-    const int vb = dim <= 64 ? 4 : dim <= 128 ? 2 : 1;
-    for (int v = 0; v < TILE; v += vb) {
-        if (rows[v] < 0) break;
-        const int64_t first = lo[v], last = hi[v + vb - 1]; /* the keys some vector of these reads */
-        if (vb == 4) weigh_values(p, kvh, scores + v * span, span, key0, first, last, norms + v, rows + v, heads + v, 4, dim, bf16);
-        else if (vb == 2) weigh_values(p, kvh, scores + v * span, span, key0, first, last, norms + v, rows + v, heads + v, 2, dim, bf16);
-        else weigh_values(p, kvh, scores + v * span, span, key0, first, last, norms + v, rows + v, heads + v, 1, dim, bf16);
-    }
-}
-
-#define ATTEND(name, dim, bf16)                                                                              \
-    __attribute__((target("avx512f"))) static void name(const Prefill *p, int64_t t, float *s, float *q) {  \
-        attend_tile(p, t, s, q, dim, bf16);                                                                  \
-    }
-ATTEND(tile_f32_64, 64, 0)
-ATTEND(tile_f32_128, 128, 0)
-ATTEND(tile_f32_any, p->dim, 0)
-ATTEND(tile_bf16_64, 64, 1)
-ATTEND(tile_bf16_128, 128, 1)
-ATTEND(tile_bf16_any, p->dim, 1)
-
 typedef void (*tile_fn)(const Prefill *, int64_t, float *, float *);
 
-static tile_fn pick(const Prefill *p) {
-    const int bf16 = p->dtype == DTYPE_BF16;
-    if (p->dim == 64) return bf16 ? tile_bf16_64 : tile_f32_64;
-    if (p->dim == 128) return bf16 ? tile_bf16_128 : tile_f32_128;
-    return bf16 ? tile_bf16_any : tile_f32_any;
-}
+#define FOLIO_SIMD 512
+#include "cpu_simd.h"
+#include "prefill_attention_simd.h"
+#undef FOLIO_SIMD
+#define FOLIO_SIMD 256
+#include "cpu_simd.h"
+#include "prefill_attention_simd.h"
+
+static tile_fn pick(const Prefill *p) { return simd_width() == 512 ? pick_tile_avx512(p) : pick_tile_avx2(p); }
 
 static void *run_share(void *arg) {
     Share *w = (Share *)arg;
@@ -170,7 +82,7 @@ static void *run_share(void *arg) {
 }
 
 /* Each KV head's keys as float32 rows of one dimension each, zero-padded to len_pad. */
-__attribute__((target("avx512f"))) static void transpose_keys(const Prefill *p) {
+static void transpose_keys(const Prefill *p) {
     const int bf16 = p->dtype == DTYPE_BF16;
     for (int64_t kvh = 0; kvh < p->kv_heads; ++kvh) {
         float *kt = p->kt + kvh * p->dim * p->len_pad;
@@ -219,7 +131,7 @@ static int run(Prefill *p, int threads) {
 static PyObject *available(PyObject *self, PyObject *args) {
     (void)self, (void)args;
 #if defined(FOLIO_X86)
-    if (__builtin_cpu_supports("avx512f")) Py_RETURN_TRUE;
+    if (simd_width() >= 256) Py_RETURN_TRUE;
 #endif
     Py_RETURN_FALSE;
 }
@@ -239,8 +151,8 @@ static PyObject *prefill(PyObject *self, PyObject *args) {
         return NULL;
     }
 #if defined(FOLIO_X86)
-    if (!__builtin_cpu_supports("avx512f")) {
-        PyErr_SetString(PyExc_ValueError, "prefill: this CPU has no AVX-512F (see available())");
+    if (simd_width() < 256) {
+        PyErr_SetString(PyExc_ValueError, "prefill: this CPU has neither AVX-512F nor AVX2 (see available())");
         return NULL;
     }
     Prefill p = {(const void *)(uintptr_t)q, (const void *)(uintptr_t)k, (const void *)(uintptr_t)v,
@@ -260,7 +172,8 @@ static PyObject *prefill(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"available", available, METH_NOARGS, "available() -> whether this CPU runs the kernel (AVX-512F)"},
+    {"available", available, METH_NOARGS, "available() -> whether this CPU runs the kernel (AVX-512F or AVX2)"},
+    {"simd", simd, METH_VARARGS, SIMD_DOC},
     {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
     {"prefill", prefill, METH_VARARGS,
      "prefill(q, k, v, out, n, len, heads, kv_heads, head_dim, window, q_stride, q_head_stride, k_stride, "

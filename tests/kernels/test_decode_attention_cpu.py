@@ -1,7 +1,7 @@
 """The native CPU decode-attention kernel (kernels/csrc) against the PyTorch reference.
 
 It is what the engine's CPU path runs for decodes, so every layout case matters here: group sizes, head_dims
-with and without the AVX-512 fast path, block sizes, ragged and empty contexts, strided queries, threads.
+on each vector path this CPU has (AVX-512, AVX2) and the portable one, block sizes, ragged and empty contexts, strided queries, threads.
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ import torch
 
 from folio.kernels import decode_attention_cpu
 from folio.kernels.decode_attention import paged_decode_attention
+from tests.kernels.conftest import each_simd_width
 from tests.kernels.paged import TOL, make_paged_kv
 
 pytestmark = pytest.mark.skipif(not decode_attention_cpu.AVAILABLE, reason="the C extension was not built")
+simd_width = each_simd_width(decode_attention_cpu._cpu_attention, portable=True)
 
 
 def lens_for(block_size: int) -> list[int]:
     return [1, block_size, block_size + 1, 3 * block_size, 7 * block_size - 3, 0, 2]
 
 
-# head_dim 64/128 take the AVX-512 path (float32); 80 and 40 take the portable one.
+# head_dim 64/128 take the vector path at either width; 80 and 40 only AVX2's (multiples of 8, not 16).
 SHAPES = [(1, 64, 16), (3, 128, 32), (4, 64, 32), (8, 128, 16), (3, 80, 16), (2, 40, 8)]
 
 

@@ -3,7 +3,8 @@
 The rotary embedding, the residual add and the KV scatter must be bit-identical in both dtypes. The norm and
 SiLU round where PyTorch rounds, but their float32 statistic and exponential may differ in the last bit:
 float32 within an ulp or two; bfloat16 bit-identical on these inputs, whose values never put such a
-difference on a rounding boundary (a rounding at the wrong place would show up on them at once).
+difference on a rounding boundary (a rounding at the wrong place would show up on them at once). Each test
+runs on each vector path this CPU has.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from folio.engine.layers.rotary import rotate
 from folio.kernels import fused_cpu
 from folio.kernels.kv_store import store_kvcache_ref
 from folio.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from tests.kernels.conftest import each_simd_width
 
-pytestmark = pytest.mark.skipif(not fused_cpu.VECTOR_DTYPES, reason="this CPU has no AVX-512 for the native ops")
+pytestmark = pytest.mark.skipif(not fused_cpu.VECTOR_DTYPES, reason="this CPU has neither AVX-512 nor AVX2")
+simd_width = each_simd_width(fused_cpu._cpu_fused)  # AVX-512 and AVX2, where the CPU has them
 DTYPES = [pytest.param(d, marks=pytest.mark.skipif(d not in fused_cpu.VECTOR_DTYPES, reason=f"no {d} path here"))
           for d in (torch.float32, torch.bfloat16)]
 F32_TOL = {"rtol": 3e-7, "atol": 1e-7}
@@ -34,7 +37,7 @@ def assert_same(got: torch.Tensor, expected: torch.Tensor, exact: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden", [576, 64, 200])  # 200: a row tail past the last 16 lanes
+@pytest.mark.parametrize("hidden", [576, 64, 204])  # 204: a row tail past the last vector (16 or 8 lanes)
 def test_rms_norm_matches_transformers_rounding(dtype: torch.dtype, hidden: int) -> None:
     g = torch.Generator().manual_seed(hidden)
     wide = (torch.randn(37, hidden + 24, generator=g) * 3).to(dtype)
@@ -50,7 +53,7 @@ def test_rms_norm_matches_transformers_rounding(dtype: torch.dtype, hidden: int)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", [1536, 40])
+@pytest.mark.parametrize("width", [1536, 44])  # 44: a tail at 16 lanes and at 8
 def test_silu_and_mul_matches_pytorch(dtype: torch.dtype, width: int) -> None:
     g = torch.Generator().manual_seed(width)
     gate_up = (torch.randn(19, 2 * width, generator=g) * 4).to(dtype)
@@ -124,7 +127,7 @@ def test_store_kv_refuses_a_slot_outside_the_cache_and_writes_nothing() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("vocab", [49152, 1000, 5])  # 1000 and 5: a row tail past the last 16 lanes
+@pytest.mark.parametrize("vocab", [49152, 1003, 5])  # 1003 and 5: a row tail past the last vector
 def test_argmax_is_the_first_maximum_as_max_finds_it(dtype: torch.dtype, vocab: int) -> None:
     g = torch.Generator().manual_seed(vocab)
     wide = (torch.randn(8, vocab + 7, generator=g) * 5).to(dtype)

@@ -3,7 +3,7 @@
 The engine runs it for every prompt segment on the CPU, so the cases are the engine's: a whole prompt
 (L = n), a chunk after cached tokens (L > n), sliding windows, grouped-query attention with group sizes that
 do and do not divide the kernel's 16-vector tiles, head_dims 64/128 and a generic one, queries that are a
-view of a fused QKV output, and threads.
+view of a fused QKV output, and threads; on each vector path this CPU has.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import torch
 
 from folio.kernels import prefill_attention_cpu
 from folio.kernels.attention_reference import prefill_attention_ref
+from tests.kernels.conftest import each_simd_width
 from tests.kernels.paged import TOL, make_paged_kv
 
-pytestmark = pytest.mark.skipif(not prefill_attention_cpu.AVAILABLE, reason="no AVX-512 prefill kernel here")
+pytestmark = pytest.mark.skipif(not prefill_attention_cpu.AVAILABLE, reason="no AVX-512 or AVX2 here")
+simd_width = each_simd_width(prefill_attention_cpu._cpu_prefill)  # AVX-512 and AVX2, where the CPU has them
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:

@@ -124,8 +124,11 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
             q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
             ours = time_ms(lambda q=q, t=tables, n=lens, c=ctx: paged_decode_attention(
                 q, k_cache, v_cache, t, n, scale, max_context_len=c))
-            # as the engine's CUDA graphs call it: the bound is max_model_len, not this batch's longest context
-            as_engine = time_ms(lambda q=q, t=tables, n=lens: paged_decode_attention(
+            # as the engine's CUDA graphs call it: the bound is max_model_len, not this batch's longest context,
+            # over block tables as wide as that bound
+            wide = torch.zeros(batch, ENGINE_MAX_MODEL_LEN // BLOCK_SIZE, device="cuda", dtype=torch.int32)
+            wide[:, :blocks] = tables
+            as_engine = time_ms(lambda q=q, t=wide, n=lens: paged_decode_attention(
                 q, k_cache, v_cache, t, n, scale, max_context_len=ENGINE_MAX_MODEL_LEN))
             slots = (tables.long()[:, :, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device="cuda")).flatten(1)
             k = k_cache.view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)      # [B, Hkv, L, D] gathered

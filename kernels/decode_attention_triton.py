@@ -13,7 +13,8 @@ lightllm's stage-1 kernels do), at most one split per ``MIN_SPLIT`` tokens: the 
 context (max_model_len under CUDA graphs) only caps the split count, so a 4k context under a 128k bound
 still spreads over every split instead of landing whole in the first. Split counts the host picks are
 powers of two, and the arguments whose values vary from step to step are not specialized on, so a
-growing context does not recompile the kernels.
+growing context does not recompile the kernels. Nor is the alignment of the block tables and context
+lengths: a mixed step passes its decodes' rows as views past its prefills', at any offset.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MIN_SPLIT_TOKENS = 256       # below this a split's fixed cost outweighs the par
 MAX_SPLITS = 32
 
 
-@triton.jit(do_not_specialize=["window", "stride_bt"])
+@triton.jit(do_not_specialize=["block_tables_ptr", "context_lens_ptr", "window", "stride_bt"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,

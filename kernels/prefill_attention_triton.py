@@ -120,8 +120,9 @@ def prefill_attention_triton(
     _, page, kv_heads, _ = k_cache.shape
     batch = cu_seqlens_q.shape[0] - 1
     group = num_heads // kv_heads
-    # float32 operands past head_dim 64 need half the tile: 128 x 64 spills there (255 registers, 840 B).
-    small = q.dtype == torch.float32 and head_dim > 64
+    # float32 operands need half the tile: 128 x 64 spills at head_dim 128 (255 registers, 840 B) and, with
+    # Triton 3.6's register allocation, at head_dim 64 too (56 B).
+    small = q.dtype == torch.float32
     block_m = max(BLOCK_M // 2 if small else BLOCK_M, triton.next_power_of_2(group))
     block_q = block_m // group
     out = torch.empty_like(q)

@@ -3,8 +3,10 @@
 Run as a script, in a process where TRITON_INTERPRET is unset. Every launch is specialized exactly as
 Triton's JIT does it (`compile_for_gpu.specialize`) and its cache key recorded instead of compiled. The
 engine's start-up warm-up (`warm_up_decode`, and one prefill standing for the profiling step) runs first;
-then eager decode steps over batches 1–32 and contexts 1–8k, and prefills of 1–32 sequences whose block
-tables grow with them. The split counts are chosen as for an H200's 132 SMs. Prints one JSON object: per kernel, the variants warmed and those the trace added.
+then eager decode steps over batches 1–32 and contexts 1–8k (on views past a mixed step's prefills, as the
+engine passes them), and prefills of 1–32 sequences whose block tables grow with them. The split counts are
+chosen as for an H200's 132 SMs. Prints one JSON object: per kernel, the variants warmed and those the
+trace added.
 Used by test_compile_counts.py.
 """
 
@@ -63,9 +65,12 @@ def main() -> int:
 
     for batch in range(1, 33):
         for context in (1, 15, 16, 17, 100, 255, 256, 257, 511, 1000, 2047, 2048, 3000, 4096, 5000, 8191):
-            q = torch.zeros(batch, HEADS, HEAD_DIM, dtype=bf16)
-            lens = torch.full((batch,), context, dtype=torch.int32)
-            tables = torch.zeros(batch, -(-context // BLOCK), dtype=torch.int32)
+            # A mixed step's decodes follow its prefills: the engine passes views that start past them,
+            # whose pointers are not 16-byte aligned for every prefill count.
+            skip = batch % 4
+            q = torch.zeros(skip + batch, HEADS, HEAD_DIM, dtype=bf16)[skip:]
+            lens = torch.full((skip + batch,), context, dtype=torch.int32)[skip:]
+            tables = torch.zeros(skip + batch, -(-context // BLOCK), dtype=torch.int32)[skip:]
             for window in (None, 4096):
                 paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1, max_context_len=context,
                                        window=window, backend="triton")

@@ -75,11 +75,12 @@ def test_decode_replays_in_a_cuda_graph() -> None:
     q = torch.randn(4, 32, 128, device=CUDA, dtype=BF16)
     lens = kv.context_lens.clone()
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, lens, 128**-0.5)
-    paged_decode_attention(*args, max_context_len=2048)  # compile outside the capture
+    bound = kv.block_tables.shape[1] * 16  # the tables' capacity, as the engine's graphs pass max_model_len
+    paged_decode_attention(*args, max_context_len=bound)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_decode_attention(*args, max_context_len=2048)
+        out = paged_decode_attention(*args, max_context_len=bound)
     lens.copy_(torch.tensor([5, 64, 1, 1999], dtype=torch.int32))
     q.normal_()
     graph.replay()

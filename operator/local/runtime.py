@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,7 @@ from folio.operator.local.state import SavedState, StateDir, write_json_atomic
 from folio.operator.local.supervisor import Supervisor
 from folio.operator.prepull import ProgressBar, WeightsError, prepull
 from folio.operator.rollout import Event, Observed, RevisionFacts, advance
-from folio.operator.router.config import ConfigError
+from folio.operator.router.config import ConfigError, RouterConfig
 from folio.operator.serving.engine import engine_flags
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.plan import Placement, RevisionPlan, ServingPlan, plan
@@ -48,6 +49,8 @@ from folio.operator.spec import (
 
 ROUTER = "router"
 TICK_S = 0.5
+# How long a step waits for the router to report a config it was just given (it re-reads its file every 0.2 s).
+ROUTER_FOLLOW_S = 5.0
 SETTLED_PHASES = ("Ready", "Promoted", "RolledBack", "Failed")
 
 
@@ -201,6 +204,12 @@ class LocalRuntime:
         self.analysis.restart(self.spec.rollout.analysis, decision.status, datetime.now(timezone.utc))
         for event in decision.events:
             self._on_event(event)
+        # The router learns first and confirms before the status says anything: a phase `folio status` shows is
+        # already what the router serves, and a revision's processes go only once no request is sent to them.
+        serving = self._plan(decision.status)
+        config = self._write_router_config(serving)
+        if config is not None:
+            await self._router_follows(config.fingerprint())
         changed = decision.status != status or bool(decision.overrides_done)
         self.saved.status = decision.status
         self.saved.overrides -= set(decision.overrides_done)
@@ -215,9 +224,6 @@ class LocalRuntime:
                     f"serving [bold]{served}[/] at {self.router_url}/v1 (OpenAI API); "
                     "`folio status`, `folio apply FILE`; Ctrl-C stops everything"
                 )
-        serving = self._plan()
-        # the router learns first, so it stops sending to a revision before its processes go
-        self._write_router_config(serving)
         self._reconcile(serving)
 
     async def shutdown(self) -> None:
@@ -252,9 +258,10 @@ class LocalRuntime:
 
     # --------------------------------------------------------------- acting
 
-    def _plan(self) -> ServingPlan:
+    def _plan(self, status: InferenceServiceStatus | None = None) -> ServingPlan:
         endpoints = {g: self.supervisor.endpoints(g) for g in self.supervisor.groups if g != ROUTER}
-        return plan(self.name, self.spec, self.saved.status, Placement.this_machine(self.dir.cache_dir), endpoints)
+        status = self.saved.status if status is None else status
+        return plan(self.name, self.spec, status, Placement.this_machine(self.dir.cache_dir), endpoints)
 
     def _reconcile(self, serving: ServingPlan) -> None:
         for group in list(self.supervisor.groups):
@@ -303,19 +310,38 @@ class LocalRuntime:
             self._say(f"weights of revision {rev.name} verified ({pulled.digest}), {how}: {pulled.path}")
         self._wake.set()
 
-    def _write_router_config(self, serving: ServingPlan | None = None) -> None:
+    def _write_router_config(self, serving: ServingPlan | None = None) -> RouterConfig | None:
+        """Writes the file the router follows when the plan's config differs from the last written; returns
+        the config written, if any."""
         serving = serving or self._plan()
         try:
-            doc = serving.router.to_wire()
+            config = serving.router
         except ConfigError as exc:  # the router keeps its last good config; say so once
             if str(exc) != self._router_problem:
                 self._router_problem = str(exc)
                 self._say(f"[red]router config[/]: {exc} (the router keeps its last good config)")
-            return
+            return None
         self._router_problem = ""
-        if doc != self._router_doc:
-            write_json_atomic(self.dir.router_config, doc)
-            self._router_doc = doc
+        doc = config.to_wire()
+        if doc == self._router_doc:
+            return None
+        write_json_atomic(self.dir.router_config, doc)
+        self._router_doc = doc
+        return config
+
+    async def _router_follows(self, fingerprint: str) -> bool:
+        """Waits until the router's `/ready` reports the config ``fingerprint`` in force, at most
+        ROUTER_FOLLOW_S (a router that is down or restarting says nothing)."""
+        deadline = time.monotonic() + ROUTER_FOLLOW_S
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                resp = await self._http.get(f"{self.router_url}/ready", timeout=1.0)
+                if resp.json().get("config") == fingerprint:
+                    return True
+            if time.monotonic() >= deadline:
+                self._say(f"[yellow]router[/]: its new config is not in force after {ROUTER_FOLLOW_S:.0f} s")
+                return False
+            await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------- talking
 

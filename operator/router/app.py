@@ -137,7 +137,8 @@ class RouterApp:
 
     async def _ready(self, request: web.Request) -> web.Response:
         ready, reason = self.state.ready()
-        return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+        body = {"ready": ready, "reason": reason, "config": self.state.fingerprint}
+        return web.json_response(body, status=200 if ready else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})

@@ -9,6 +9,7 @@ writer never takes an older router down.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -133,6 +134,12 @@ class RouterConfig(_Wire):
     def to_wire(self) -> dict[str, Any]:
         """The wire form as a JSON-ready dict: what `folio up` writes to the file its router follows."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"problems"})
+
+    def fingerprint(self) -> str:
+        """A digest of the wire form. The router reports the one in force on `/ready`, so that whoever writes
+        its config (`folio up`) can tell when the router follows it."""
+        wire = json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(wire.encode()).hexdigest()[:16]
 
     @classmethod
     def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:

@@ -25,6 +25,7 @@ class RoutingState:
         self._static_keys = list(static_keys)
         self.api_keys = ApiKeys(self._static_keys)
         self.loaded = False  # a source has delivered at least one config
+        self.fingerprint: str | None = None  # the config in force (`RouterConfig.fingerprint`), once loaded
 
     def apply(self, config: RouterConfig) -> None:
         """Swap in a new config; the next request already follows it."""
@@ -44,6 +45,7 @@ class RoutingState:
             for problem in config.problems:  # what the config held that the router could not use
                 log.error("router config: %s; serving without it", problem)
         self.config = config
+        self.fingerprint = config.fingerprint()
         self.loaded = True
 
     def _ejection_changed(self, replica: object, ejected: bool) -> None:

@@ -31,6 +31,15 @@ def test_wire_form_round_trips() -> None:
     assert '"apiKey":"sk"' in wire and '"apiKeys":["k"]' in wire
 
 
+def test_the_fingerprint_follows_the_content_not_the_spelling() -> None:
+    cfg = RouterConfig.parse(EXAMPLE)
+    respelled = json.dumps(dict(reversed(list(json.loads(EXAMPLE).items()))), indent=2)
+    assert RouterConfig.parse(respelled).fingerprint() == cfg.fingerprint()  # key order, spacing, ignored keys
+    assert RouterConfig.parse(json.dumps(cfg.to_wire())).fingerprint() == cfg.fingerprint()
+    moved = EXAMPLE.replace('"weight": 90', '"weight": 80').replace('"weight": 10', '"weight": 20')
+    assert RouterConfig.parse(moved).fingerprint() != cfg.fingerprint()
+
+
 def test_explicit_stable_and_canary() -> None:
     cfg = RouterConfig.parse(
         {"traffic": [{"revision": "a", "weight": 30}, {"revision": "b", "weight": 70}], "stable": "a"}

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from folio.operator.router import metric_names as m
+from folio.operator.router.config import RouterConfig
 from folio.operator.router.sources import FileSource
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
@@ -70,10 +71,14 @@ async def test_router_waits_for_a_missing_file(router: RouterFactory, tmp_path: 
     up = FakeUpstream("r1")
     path = tmp_path / "later.json"
     async with serving(up), router(source=FileSource(path, interval=0.02)) as r:
-        assert (await r.client.get("/ready")).status_code == 503
-        _write(path, {"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [up.url]}})
+        before = await r.client.get("/ready")
+        assert before.status_code == 503 and before.json()["config"] is None
+        doc = {"traffic": [{"revision": "r1", "weight": 100}], "endpoints": {"r1": [up.url]}}
+        _write(path, doc)
         await _until_weight(r, "r1", 100)
-        assert (await r.client.get("/ready")).json() == {"ready": True, "reason": "ok"}
+        # the config in force, as its writer (`folio up`) computes it before waiting for the router to follow
+        fingerprint = RouterConfig.parse(doc).fingerprint()
+        assert (await r.client.get("/ready")).json() == {"ready": True, "reason": "ok", "config": fingerprint}
         assert (await r.complete()).status_code == 200
 
 

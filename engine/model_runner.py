@@ -13,7 +13,7 @@ from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
 from folio.engine.models.base import DecoderLM
-from folio.engine.sampler import Sampler, SampleResult
+from folio.engine.sampler import Sampler, SampleResult, plain_greedy
 from folio.engine.scheduler import ScheduledSeq
 from folio.kernels import decode_attention_cpu
 from folio.kernels.layout import allocate_kv_cache, kv_cache_block_bytes
@@ -166,8 +166,13 @@ class ModelRunner:
         sampling = inputs.sampling
         if not sampling:
             return [], None
-        logits = self._logits(hidden[rows] if wanted or not inputs.prefills else hidden)
-        return sampling, self.sampler(logits, [s.seq for s in sampling])
+        seqs = [s.seq for s in sampling]
+        hidden = hidden[rows] if wanted or not inputs.prefills else hidden
+        if self.logit_noise is None and plain_greedy(seqs):
+            tokens = self.model.greedy_tokens(hidden)
+            if tokens is not None:  # the greedy tokens without the float32 logits (CPU, float32)
+                return sampling, SampleResult.greedy(tokens.tolist())
+        return sampling, self.sampler(self._logits(hidden), seqs)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the sampler picks from: the model's dtype unless the noise test aid needs float32."""

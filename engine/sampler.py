@@ -23,6 +23,17 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
     sampled_logprobs: list[float]  # log-probability of each sampled token (0.0 when nobody asked)
 
+    @classmethod
+    def greedy(cls, token_ids: list[int]) -> SampleResult:
+        """Plain greedy tokens: nobody asked for log-probabilities."""
+        return cls(token_ids, [None] * len(token_ids), [0.0] * len(token_ids))
+
+
+def plain_greedy(seqs: list[Sequence]) -> bool:
+    """Whether each sequence takes its greedy token and asks for nothing else: no log-probabilities and no
+    penalties, so that the first maximum of its raw logits is all it needs."""
+    return all(s.params.greedy and s.params.logprobs is None and not s.params.has_penalties for s in seqs)
+
 
 class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
@@ -33,11 +44,11 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """``logits`` [B, V] in float32 or the model's dtype, one row per sequence in ``seqs``. Everything but
         plain greedy decoding works in float32."""
+        if plain_greedy(seqs):
+            return SampleResult.greedy(_first_max(logits).tolist())
         want = [s.params.logprobs for s in seqs]
         top_n = max((n for n in want if n is not None), default=None)
         greedy = [s.params.greedy for s in seqs]
-        if top_n is None and all(greedy) and not any(s.params.has_penalties for s in seqs):
-            return SampleResult(_first_max(logits).tolist(), [None] * len(seqs), [0.0] * len(seqs))
         logits = logits.float()  # widening is exact: the greedy rows pick what they would above
         raw_logprobs = torch.log_softmax(logits, dim=-1) if top_n is not None else None
         logits = self._apply_penalties(logits, seqs)

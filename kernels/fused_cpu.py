@@ -1,11 +1,11 @@
-"""The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``), and
-greedy sampling's argmax.
+"""The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``), greedy
+sampling's argmax, and the greedy LM head's threshold scan (``columns_at_least``).
 
 Each op does in one pass over memory what the engine's PyTorch path does in several ops, rounding where it
 rounds: bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
 and SiLU's exponential may differ in the last float32 bit (see the C file). Their PyTorch twins, which the
 tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref`` (``folio.kernels.rms_norm``),
-``F.silu(gate) * up``, ``x.max(dim=-1).indices``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
+``F.silu(gate) * up``, ``x.max(dim=-1).indices``, ``(x >= cut[:, None]).nonzero()``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
 (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension: ``AVAILABLE`` says whether
 this install has it, ``VECTOR_DTYPES`` which dtypes this CPU runs the vector ops in; elsewhere the engine
 runs its PyTorch code. CPU tensors, each row's last dimension contiguous. Ops with enough rows split them
@@ -87,6 +87,23 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.int64)
     _cpu_fused.argmax_rows(x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1], DTYPES[x.dtype])
     return out
+
+
+def columns_at_least(x: torch.Tensor, cut: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns of each row of ``x[N, V]`` whose value is ``>= cut[row]`` (``cut`` float32 ``[N]``; NaN never
+    is), in increasing order: ``(idx, counts)``, ``idx`` int64 ``[N, cap]`` holding each row's first
+    ``min(count, cap)`` and ``counts`` int64 ``[N]`` every row's whole count."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    require(x.dim() == 2, lambda: f"x must be [rows, V], got {tuple(x.shape)}")
+    _rows("x", x, x.shape[1])
+    require(cut.dtype == torch.float32 and cut.shape == (x.shape[0],) and cut.is_contiguous(),
+            lambda: f"cut must be float32 [{x.shape[0]}], got {cut.dtype} {tuple(cut.shape)}")
+    require(cap >= 1, "cap must be at least 1")
+    idx = torch.empty((x.shape[0], cap), dtype=torch.int64)
+    counts = torch.empty(x.shape[0], dtype=torch.int64)
+    _cpu_fused.above_rows(x.data_ptr(), x.stride(0), cut.data_ptr(), x.shape[0], x.shape[1], idx.data_ptr(), cap,
+                          counts.data_ptr(), DTYPES[x.dtype])
+    return idx, counts
 
 
 def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,12 @@ class Gemma3ForCausalLM(DecoderLM):
         # the scale is rounded to the model dtype first, as `transformers` does (sqrt(640) → 25.25 in bf16)
         return x * self.embed_scale.to(x.dtype)
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        # a soft cap can merge the largest logits into ties that the raw logits' screen would not see
+        if getattr(self.hf, "final_logit_softcapping", None) is not None:
+            return None
+        return super().greedy_tokens(hidden)
+
     def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         cap = getattr(self.hf, "final_logit_softcapping", None)
         if cap is None:

@@ -1,6 +1,7 @@
 /* Fused elementwise ops of the CPU decoder layer: residual add + RMSNorm, SiLU-and-multiply, the neox rotary
- * embedding in place, and the scatter of new keys and values into the paged cache; and greedy sampling's
- * argmax over a step's logits, read in the model's dtype.
+ * embedding in place, and the scatter of new keys and values into the paged cache; greedy sampling's argmax
+ * over a step's logits, read in the model's dtype, and the greedy LM head's scan for the columns at or above
+ * a threshold (folio.engine.layers.greedy_head).
  *
  * PyTorch runs each of these as two to seven ops, every one a pass over memory with its own dispatch and its
  * own temporary; on a small model's decode step, where the tensors are a few hundred kilobytes, that costs
@@ -81,6 +82,7 @@ typedef struct {
     void (*silu_mul)(const void *, int64_t, void *, int64_t, int64_t);
     void (*rotate)(const Rotary *);
     void (*argmax)(const void *, int64_t, int64_t *, int64_t, int64_t);
+    void (*above)(const void *, int64_t, const float *, int64_t, int64_t, int64_t *, int64_t, int64_t *);
 } Kernels;
 
 #ifdef FOLIO_X86
@@ -258,6 +260,18 @@ static PyObject *argmax_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+static PyObject *above_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, cut, idx, counts;
+    long long stride, rows, cols, cap;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KLKLLKLKi", &x, &stride, &cut, &rows, &cols, &idx, &cap, &counts, &dtype) ||
+        !runs(dtype))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS kernels_for(dtype)->above(PTR(x), stride, PTR(cut), rows, cols, PTR(idx), cap, PTR(counts));
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* The first token whose slot lies outside [-1, num_slots), or -1 when all are in range. */
 static int64_t bad_slot(const int64_t *slots, int64_t tokens, int64_t num_slots) {
     for (int64_t i = 0; i < tokens; ++i)
@@ -300,6 +314,9 @@ static PyMethodDef methods[] = {
      "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype, threads): in place"},
     {"argmax_rows", argmax_rows, METH_VARARGS,
      "argmax_rows(x, stride, out, rows, cols, dtype): out int64 [rows]; cols >= 1"},
+    {"above_rows", above_rows, METH_VARARGS,
+     "above_rows(x, stride, cut, rows, cols, idx, cap, counts, dtype): cut float32 [rows], idx int64 [rows, cap], "
+     "counts int64 [rows]"},
     {"store_kv", store_kv, METH_VARARGS,
      "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots, threads): "
      "strides in bytes, slots int64"},

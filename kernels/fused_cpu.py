@@ -1,11 +1,11 @@
 """The native CPU twins of the decoder layer's elementwise PyTorch code (``kernels/csrc/fused_cpu.c``), greedy
-sampling's argmax, and the greedy LM head's threshold scan (``columns_at_least``).
+sampling's argmax, and the greedy LM head's scan of its screen (``columns_reaching``).
 
 Each op does in one pass over memory what the engine's PyTorch path does in several ops, rounding where it
 rounds: bit-identical for the rotary embedding, the residual add and the KV scatter; the norm's statistic
 and SiLU's exponential may differ in the last float32 bit (see the C file). Their PyTorch twins, which the
 tests compare them with: ``rms_norm_ref``/``fused_add_rms_norm_ref`` (``folio.kernels.rms_norm``),
-``F.silu(gate) * up``, ``x.max(dim=-1).indices``, ``(x >= cut[:, None]).nonzero()``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
+``F.silu(gate) * up``, ``x.max(dim=-1).indices``, ``(x + rel * x.abs() + slope[:, None] * col >= floor[:, None]).nonzero()``, the engine's ``rotate`` (``folio.engine.layers.rotary``) and ``store_kvcache_ref``
 (``folio.kernels.kv_store``). Built by ``pip install`` as an optional C extension: ``AVAILABLE`` says whether
 this install has it, ``VECTOR_DTYPES`` which dtypes this CPU runs the vector ops in; elsewhere the engine
 runs its PyTorch code. CPU tensors, each row's last dimension contiguous. Ops with enough rows split them
@@ -89,20 +89,25 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def columns_at_least(x: torch.Tensor, cut: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The columns of each row of ``x[N, V]`` whose value is ``>= cut[row]`` (``cut`` float32 ``[N]``; NaN never
-    is), in increasing order: ``(idx, counts)``, ``idx`` int64 ``[N, cap]`` holding each row's first
-    ``min(count, cap)`` and ``counts`` int64 ``[N]`` every row's whole count."""
+def columns_reaching(
+    x: torch.Tensor, floor: torch.Tensor, slope: torch.Tensor, col: torch.Tensor, rel: float, cap: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns ``j`` of each row ``r`` of ``x[N, V]`` with ``x + rel * |x| + slope[r] * col[j] >= floor[r]``
+    (NaN never has), in increasing order: ``(idx, counts)``, ``idx`` int64 ``[N, cap]`` holding each row's first
+    ``min(count, cap)`` and ``counts`` int64 ``[N]`` every row's whole count. ``floor``, ``slope`` float32
+    ``[N]``, ``col`` float32 ``[V]``; arithmetic in float32."""
     assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
     require(x.dim() == 2, lambda: f"x must be [rows, V], got {tuple(x.shape)}")
     _rows("x", x, x.shape[1])
-    require(cut.dtype == torch.float32 and cut.shape == (x.shape[0],) and cut.is_contiguous(),
-            lambda: f"cut must be float32 [{x.shape[0]}], got {cut.dtype} {tuple(cut.shape)}")
+    for name, t, n in (("floor", floor, x.shape[0]), ("slope", slope, x.shape[0]), ("col", col, x.shape[1])):
+        require(t.dtype == torch.float32 and t.shape == (n,) and t.is_contiguous(),
+                lambda name=name, t=t, n=n: f"{name} must be float32 [{n}], got {t.dtype} {tuple(t.shape)}")
     require(cap >= 1, "cap must be at least 1")
     idx = torch.empty((x.shape[0], cap), dtype=torch.int64)
     counts = torch.empty(x.shape[0], dtype=torch.int64)
-    _cpu_fused.above_rows(x.data_ptr(), x.stride(0), cut.data_ptr(), x.shape[0], x.shape[1], idx.data_ptr(), cap,
-                          counts.data_ptr(), DTYPES[x.dtype])
+    _cpu_fused.reaching_rows(x.data_ptr(), x.stride(0), floor.data_ptr(), slope.data_ptr(), col.data_ptr(),
+                             float(rel), x.shape[0], x.shape[1], idx.data_ptr(), cap, counts.data_ptr(),
+                             DTYPES[x.dtype])
     return idx, counts
 
 

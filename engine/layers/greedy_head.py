@@ -10,8 +10,8 @@ float32 GEMM's ``l_j`` that follows from the rounding of its operands and of its
 
 (u = 2^-8, bfloat16's unit roundoff, for x, w_j and the output; gamma_K = K 2^-24 / (1 - K 2^-24) bounds the
 float32 accumulation of either GEMM over the K inputs; Cauchy-Schwarz bounds sum |x_i w_ji| by ||x|| ||w_j||).
-With W the largest ||w_j||, any token whose ``s_j`` falls below the bound of the screen's own maximum cannot be
-the float32 maximum. The rest (on SmolLM2's hidden states, two per row at the median and 66 at most in 1,519
+A token whose ``s_j`` plus its bound falls short of the screen's maximum less that one's bound cannot be the
+float32 maximum. The rest (on SmolLM2's hidden states, two per row at the median and 66 at most in 1,519
 rows) get their float32 dot products, and the first maximum among them, in vocabulary order, is the token:
 the float32 path's up to the summation order of one dot product, the freedom every float32 GEMM takes.
 
@@ -27,6 +27,7 @@ from folio.engine.layers.linear import ONEDNN_BF16, linear, pack_for_onednn, pac
 from folio.kernels import fused_cpu
 
 _U = 2.0**-8  # bfloat16's unit roundoff (8 significant bits, round to nearest)
+_REL = _U / (1 - _U) * (1 + 2.0**-20)  # U: the output's rounding, relative to the rounded value
 _SLACK = 1.0 + 2.0**-12  # for the rounding of the bound's own arithmetic (norms, products)
 _CAP = 512  # candidates per row the native scan returns; a row with more (never seen) takes the PyTorch scan
 
@@ -49,24 +50,33 @@ class GreedyScreen:
         k = self.weight.shape[1]
         gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
         self.a = 2 * _U + _U * _U + 2 * gamma * (1 + _U) ** 2
-        self.max_row_norm = float(self.weight.double().norm(dim=1).max())
+        norms = self.weight.double().norm(dim=1) * _SLACK
+        self.row_norms = norms.float()  # ||w_j||, rounded up past float32's rounding by the slack
+        self.max_row_norm = float(norms.max())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Each row's greedy token, int64 [B]; None when some row's screen is not finite."""
+    def candidates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(rows, cols)`` of the tokens the screen cannot rule out, in row-major order (each row's screened
+        maximum among them); None when some row's screen is not finite."""
         assert x.dim() == 2 and x.dtype == torch.float32 and x.shape[1] == self.weight.shape[1]
         screen = linear(x.to(torch.bfloat16), self.packed)  # [B, V] bfloat16
         first_max = fused_cpu.argmax(screen) if fused_cpu.supports(screen) else screen.max(dim=1).indices
         top = screen.gather(1, first_max.unsqueeze(1)).squeeze(1).double()
-        spread = self.a * _SLACK * x.double().norm(dim=1) * self.max_row_norm  # A ||x|| W
-        # the lower bound of the float32 maximum, then the least screen value that can still reach it
-        floor = top - spread - _U / (1 - _U) * top.abs()
-        need = floor - spread
-        least = torch.where(need >= 0, need / (1 + _U / (1 - _U)), need / (1 - _U / (1 - _U)))
-        if not bool(torch.isfinite(least).all()):
+        slope = self.a * _SLACK * x.double().norm(dim=1)  # A ||x||: times ||w_j||, token j's bound
+        # the float32 maximum is at least the screened maximum less its bound; a token whose screened logit
+        # plus its own bound falls short of that cannot be it
+        floor = top - slope * self.row_norms[first_max].double() - _REL * top.abs()
+        # the scan adds in float32: lower the floor past that arithmetic's rounding
+        floor = floor - 2.0**-18 * (top.abs() + 2 * slope * self.max_row_norm) - 1e-30
+        if not bool(torch.isfinite(floor).all()):
             return None
-        # float32 holds the threshold only rounded: step it down past that rounding so that the test stays sound
-        cut = (least - least.abs() * 2.0**-20 - 1e-30).float()
-        rows, cols = _at_least(screen, cut)
+        return _reaching(screen, floor.float(), (slope * _SLACK).float(), self.row_norms)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Each row's greedy token, int64 [B]; None when some row's screen is not finite."""
+        found = self.candidates(x)
+        if found is None:
+            return None
+        rows, cols = found
         exact = torch.linalg.vecdot(x[rows], self.weight[cols])  # float32, one dot product per candidate
         batch = x.shape[0]
         best = torch.full((batch,), float("-inf")).scatter_reduce(0, rows, exact, "amax")
@@ -78,12 +88,17 @@ class GreedyScreen:
         return tokens
 
 
-def _at_least(screen: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rows, cols)`` of the entries of ``screen`` at or above their row's ``cut``, in row-major order."""
+def _reaching(
+    screen: torch.Tensor, floor: torch.Tensor, slope: torch.Tensor, row_norms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` of the screened logits that can reach their row's ``floor`` within their bound, in
+    row-major order: ``s + REL |s| + slope[r] ||w_j|| >= floor[r]``."""
     if fused_cpu.supports(screen):
-        idx, counts = fused_cpu.columns_at_least(screen, cut, _CAP)
+        idx, counts = fused_cpu.columns_reaching(screen, floor, slope, row_norms, _REL, _CAP)
         if int(counts.max()) <= _CAP:
             keep = torch.arange(_CAP) < counts.unsqueeze(1)
             return torch.arange(screen.shape[0]).repeat_interleave(counts), idx[keep]
-    rows, cols = torch.nonzero(screen >= cut.unsqueeze(1), as_tuple=True)
+    s = screen.float()
+    reach = s + _REL * s.abs() + slope.unsqueeze(1) * row_norms.unsqueeze(0) >= floor.unsqueeze(1)
+    rows, cols = torch.nonzero(reach, as_tuple=True)
     return rows, cols

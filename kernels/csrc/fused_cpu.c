@@ -1,7 +1,7 @@
 /* Fused elementwise ops of the CPU decoder layer: residual add + RMSNorm, SiLU-and-multiply, the neox rotary
  * embedding in place, and the scatter of new keys and values into the paged cache; greedy sampling's argmax
- * over a step's logits, read in the model's dtype, and the greedy LM head's scan for the columns at or above
- * a threshold (folio.engine.layers.greedy_head).
+ * over a step's logits, read in the model's dtype, and the greedy LM head's scan for the tokens its bfloat16
+ * screen cannot rule out (folio.engine.layers.greedy_head).
  *
  * PyTorch runs each of these as two to seven ops, every one a pass over memory with its own dispatch and its
  * own temporary; on a small model's decode step, where the tensors are a few hundred kilobytes, that costs
@@ -75,6 +75,14 @@ typedef struct { /* the rotary embedding, in place */
     int64_t tokens, heads, token_stride, head_stride, cs_stride, half;
 } Rotary;
 
+typedef struct Reaching { /* the greedy LM head's screen: the columns that can still reach a row's floor */
+    const void *x;                         /* [rows, cols], rows stride elements apart */
+    const float *floor, *slope, *col;      /* [rows], [rows], [cols] */
+    float rel;
+    int64_t stride, rows, cols, cap;
+    int64_t *idx, *counts;                 /* [rows, cap], [rows] */
+} Reaching;
+
 /* --- the kernels, per instruction set -------------------------------------------------------------- */
 
 typedef struct {
@@ -82,7 +90,7 @@ typedef struct {
     void (*silu_mul)(const void *, int64_t, void *, int64_t, int64_t);
     void (*rotate)(const Rotary *);
     void (*argmax)(const void *, int64_t, int64_t *, int64_t, int64_t);
-    void (*above)(const void *, int64_t, const float *, int64_t, int64_t, int64_t *, int64_t, int64_t *);
+    void (*reaching)(const struct Reaching *);
 } Kernels;
 
 #ifdef FOLIO_X86
@@ -260,15 +268,18 @@ static PyObject *argmax_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
-static PyObject *above_rows(PyObject *self, PyObject *args) {
+static PyObject *reaching_rows(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long x, cut, idx, counts;
+    unsigned long long x, floor, slope, col, idx, counts;
     long long stride, rows, cols, cap;
+    float rel;
     int dtype;
-    if (!PyArg_ParseTuple(args, "KLKLLKLKi", &x, &stride, &cut, &rows, &cols, &idx, &cap, &counts, &dtype) ||
+    if (!PyArg_ParseTuple(args, "KLKKKfLLKLKi", &x, &stride, &floor, &slope, &col, &rel, &rows, &cols, &idx, &cap,
+                          &counts, &dtype) ||
         !runs(dtype))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS kernels_for(dtype)->above(PTR(x), stride, PTR(cut), rows, cols, PTR(idx), cap, PTR(counts));
+    const Reaching p = {PTR(x), PTR(floor), PTR(slope), PTR(col), rel, stride, rows, cols, cap, PTR(idx), PTR(counts)};
+    Py_BEGIN_ALLOW_THREADS kernels_for(dtype)->reaching(&p);
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
@@ -314,9 +325,9 @@ static PyMethodDef methods[] = {
      "rotary_neox(x, cos, sin, tokens, heads, token_stride, head_stride, cs_stride, half, dtype, threads): in place"},
     {"argmax_rows", argmax_rows, METH_VARARGS,
      "argmax_rows(x, stride, out, rows, cols, dtype): out int64 [rows]; cols >= 1"},
-    {"above_rows", above_rows, METH_VARARGS,
-     "above_rows(x, stride, cut, rows, cols, idx, cap, counts, dtype): cut float32 [rows], idx int64 [rows, cap], "
-     "counts int64 [rows]"},
+    {"reaching_rows", reaching_rows, METH_VARARGS,
+     "reaching_rows(x, stride, floor, slope, col, rel, rows, cols, idx, cap, counts, dtype): floor and slope "
+     "float32 [rows], col float32 [cols], idx int64 [rows, cap], counts int64 [rows]"},
     {"store_kv", store_kv, METH_VARARGS,
      "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots, threads): "
      "strides in bytes, slots int64"},

@@ -151,27 +151,34 @@ VFN void V(argmax_rows)(const void *x, int64_t stride, int64_t *out, int64_t row
     }
 }
 
-/* The columns of each row whose value is >= that row's cut (NaN never is), in increasing order: up to `cap`
- * of them go to idx[row * cap ...], and counts[row] says how many there are in all (more than cap: the caller
- * cannot use the row). One pass over the row, a compare per vector and a walk over the set bits. */
-VFN void V(above_rows)(const void *x, int64_t stride, const float *cut, int64_t rows, int64_t cols, int64_t *idx,
-                       int64_t cap, int64_t *counts, const int bf16) {
+/* The columns j of each row r whose value can still reach the row's floor once its error bound is added,
+ * x[r][j] + rel * |x[r][j]| + slope[r] * col[j] >= floor[r] (NaN never does), in increasing order: up to
+ * `cap` of them go to idx[r * cap ...], and counts[r] says how many there are in all (more than cap: the
+ * caller cannot use the row). One pass over the row, `col` (read by every row) staying in cache. */
+VFN void V(reaching_rows)(const void *x, int64_t stride, const float *floor, const float *slope, const float *col,
+                          float rel, int64_t rows, int64_t cols, int64_t *idx, int64_t cap, int64_t *counts,
+                          const int bf16) {
     const int64_t full = cols / VW * VW;
+    const vf r = vset1(rel);
     for (int64_t row = 0; row < rows; ++row) {
         const int64_t base = row * stride;
-        const vf at_least = vset1(cut[row]);
+        const vf lo = vset1(floor[row]), k = vset1(slope[row]);
         int64_t *out = idx + row * cap, n = 0;
         int64_t j = 0;
         for (; j < full; j += VW) {
-            unsigned hit = vmask_bits(vcmp_ge(vload(x, base + j, bf16), at_least));
+            const vf v = vload(x, base + j, bf16);
+            const vf bound = vfmadd(k, vloadu(col + j), vfmadd(r, vmax(v, vsub(vzero(), v)), v));
+            unsigned hit = vmask_bits(vcmp_ge(bound, lo));
             for (; hit; hit &= hit - 1, ++n)
                 if (n < cap) out[n] = j + __builtin_ctz(hit);
         }
-        for (; j < cols; ++j)
-            if (load(x, base + j, bf16) >= cut[row]) {
+        for (; j < cols; ++j) {
+            const float v = load(x, base + j, bf16);
+            if (v + rel * (v < 0 ? -v : v) + slope[row] * col[j] >= floor[row]) {
                 if (n < cap) out[n] = j;
                 ++n;
             }
+        }
         counts[row] = n;
     }
 }
@@ -184,12 +191,12 @@ VENTRY void V(rotate_f32)(const Rotary *p) { V(rotate_rows)(p, 0); }
 VENTRY void V(rotate_bf16)(const Rotary *p) { V(rotate_rows)(p, 1); }
 VENTRY void V(argmax_f32)(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) { V(argmax_rows)(x, s, o, r, c, 0); }
 VENTRY void V(argmax_bf16)(const void *x, int64_t s, int64_t *o, int64_t r, int64_t c) { V(argmax_rows)(x, s, o, r, c, 1); }
-VENTRY void V(above_f32)(const void *x, int64_t s, const float *t, int64_t r, int64_t c, int64_t *i, int64_t k, int64_t *n) {
-    V(above_rows)(x, s, t, r, c, i, k, n, 0);
+VENTRY void V(reaching_f32)(const Reaching *p) {
+    V(reaching_rows)(p->x, p->stride, p->floor, p->slope, p->col, p->rel, p->rows, p->cols, p->idx, p->cap, p->counts, 0);
 }
-VENTRY void V(above_bf16)(const void *x, int64_t s, const float *t, int64_t r, int64_t c, int64_t *i, int64_t k, int64_t *n) {
-    V(above_rows)(x, s, t, r, c, i, k, n, 1);
+VENTRY void V(reaching_bf16)(const Reaching *p) {
+    V(reaching_rows)(p->x, p->stride, p->floor, p->slope, p->col, p->rel, p->rows, p->cols, p->idx, p->cap, p->counts, 1);
 }
 
-static const Kernels V(kernels_f32) = {V(norm_f32), V(silu_mul_f32), V(rotate_f32), V(argmax_f32), V(above_f32)};
-static const Kernels V(kernels_bf16) = {V(norm_bf16), V(silu_mul_bf16), V(rotate_bf16), V(argmax_bf16), V(above_bf16)};
+static const Kernels V(kernels_f32) = {V(norm_f32), V(silu_mul_f32), V(rotate_f32), V(argmax_f32), V(reaching_f32)};
+static const Kernels V(kernels_bf16) = {V(norm_bf16), V(silu_mul_bf16), V(rotate_bf16), V(argmax_bf16), V(reaching_bf16)};

@@ -145,22 +145,25 @@ def test_argmax_is_the_first_maximum_as_max_finds_it(dtype: torch.dtype, vocab: 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("vocab", [49152, 1003, 5])
-def test_columns_at_least_are_the_nonzeros_of_the_comparison(dtype: torch.dtype, vocab: int) -> None:
+@pytest.mark.parametrize("vocab", [49152, 1003, 5])  # 1003 and 5: a row tail past the last vector
+def test_columns_reaching_are_the_nonzeros_of_the_bound(dtype: torch.dtype, vocab: int) -> None:
     g = torch.Generator().manual_seed(vocab)
     wide = (torch.randn(6, vocab + 9, generator=g) * 3).to(dtype)
     x = wide[:, :vocab]  # rows further apart than they are long
-    x[1, vocab - 1] = torch.nan  # NaN is never at least anything
+    x[1, vocab - 1] = torch.nan  # NaN never reaches anything
     x[2] = 7.0  # every column, more than the cap holds
-    cut = torch.tensor([2.5, 2.5, 7.0, float("inf"), -float("inf"), 4.0])  # equal counts as at least
+    col = torch.rand(vocab, generator=g) * 2
+    floor = torch.tensor([2.5, 2.5, 7.0, float("inf"), -float("inf"), 4.0])
+    slope = torch.tensor([0.5, 0.0, 0.0, 1.0, 0.0, 0.25])
     cap = 16
-    idx, counts = fused_cpu.columns_at_least(x, cut, cap)
-    hits = x.float() >= cut.unsqueeze(1)
+    idx, counts = fused_cpu.columns_reaching(x, floor, slope, col, 0.01, cap)
+    v = x.float()
+    hits = v + 0.01 * v.abs() + slope.unsqueeze(1) * col >= floor.unsqueeze(1)
     assert torch.equal(counts, hits.sum(1))
     for row in range(6):
         expected = hits[row].nonzero().flatten()[:cap]
         assert torch.equal(idx[row, : len(expected)], expected)
-    assert counts[2] == vocab and counts[3] == 0 and counts[4] == vocab - (x[4] != x[4]).sum()
+    assert counts[2] == vocab and counts[3] == 0 and counts[4] == vocab
 
 
 def test_bad_inputs_are_value_errors() -> None:
@@ -175,8 +178,8 @@ def test_bad_inputs_are_value_errors() -> None:
         fused_cpu.argmax(torch.ones(2, 0))
     with pytest.raises(ValueError, match="contiguous rows"):
         fused_cpu.argmax(torch.ones(64, 2).t())
-    with pytest.raises(ValueError, match=r"cut must be float32 \[2\]"):
-        fused_cpu.columns_at_least(torch.ones(2, 8), torch.ones(3), 4)
+    with pytest.raises(ValueError, match=r"col must be float32 \[8\]"):
+        fused_cpu.columns_reaching(torch.ones(2, 8), torch.ones(2), torch.ones(2), torch.ones(9), 0.0, 4)
     with pytest.raises(ValueError, match="gate_up must be"):
         fused_cpu.silu_and_mul(torch.ones(2, 63))
     with pytest.raises(ValueError, match="cos/sin"):

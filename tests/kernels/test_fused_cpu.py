@@ -126,12 +126,17 @@ def test_store_kv_refuses_a_slot_outside_the_cache_and_writes_nothing() -> None:
     assert not k_cache.any() and not v_cache.any()
 
 
+def spaced_rows(rows: int, width: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Random ``[rows, width]`` logits whose rows lie further apart than they are long, as a slice of a wider
+    output (the same values for the same width)."""
+    g = torch.Generator().manual_seed(width)
+    return (torch.randn(rows, width + 7, generator=g) * scale).to(dtype)[:, :width]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [49152, 1003, 5])  # 1003 and 5: a row tail past the last vector
 def test_argmax_is_the_first_maximum_as_max_finds_it(dtype: torch.dtype, vocab: int) -> None:
-    g = torch.Generator().manual_seed(vocab)
-    wide = (torch.randn(8, vocab + 7, generator=g) * 5).to(dtype)
-    x = wide[:, :vocab]  # rows further apart than they are long
+    x = spaced_rows(8, vocab, 5.0, dtype)
     x[1] = x[1].max()  # all tied: the first
     x[2, vocab // 2] = x[2, -1] = 1e4  # a tie between a vector lane and (for odd widths) the tail
     x[3] = -torch.inf  # nothing larger than -inf
@@ -147,9 +152,8 @@ def test_argmax_is_the_first_maximum_as_max_finds_it(dtype: torch.dtype, vocab: 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [49152, 1003, 5])  # 1003 and 5: a row tail past the last vector
 def test_columns_reaching_are_the_nonzeros_of_the_bound(dtype: torch.dtype, vocab: int) -> None:
-    g = torch.Generator().manual_seed(vocab)
-    wide = (torch.randn(6, vocab + 9, generator=g) * 3).to(dtype)
-    x = wide[:, :vocab]  # rows further apart than they are long
+    g = torch.Generator().manual_seed(vocab + 1)
+    x = spaced_rows(6, vocab, 3.0, dtype)
     x[1, vocab - 1] = torch.nan  # NaN never reaches anything
     x[2] = 7.0  # every column, more than the cap holds
     col = torch.rand(vocab, generator=g) * 2

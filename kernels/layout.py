@@ -35,6 +35,7 @@ BLOCK_TABLE_DTYPE = torch.int32
 CONTEXT_LENS_DTYPE = torch.int32
 SLOT_MAPPING_DTYPES = (torch.int32, torch.int64)
 KV_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+POPULATE_CPU_CACHE = True  # see _zeros; bench/throughput.py's folio-faulting phase turns it off
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -68,9 +69,12 @@ def allocate_kv_cache(
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    # Anonymous pages the kernel zeroes on first touch: the cache becomes resident as blocks fill, so a
-    # CPU engine's memory follows its load instead of its budget (torch.zeros would write every page).
-    buffer = mmap.mmap(-1, max(1, math.prod(shape)) * torch.empty((), dtype=dtype).element_size())
+    # Anonymous zero pages, mapped in at once (MAP_POPULATE) rather than faulted in as blocks fill: the
+    # cache is reserved at start-up, as a GPU's is, and steps don't pay a fault per new page (on a VM each
+    # is a trap to the hypervisor), which cost several per cent of a CPU run (bench/README.md).
+    nbytes = max(1, math.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    populate = getattr(mmap, "MAP_POPULATE", 0) if POPULATE_CPU_CACHE else 0
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
     return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)  # keeps ``buffer`` alive
 
 

@@ -45,3 +45,23 @@ def test_store_then_gather_round_trips_a_sequence(device: torch.device) -> None:
     assert torch.equal(gather_sequence_kv(k_cache, table, length), key)
     assert torch.equal(gather_sequence_kv(v_cache, table, length), -key)
     assert torch.equal(k_cache[5, 3], key[3])     # token 3 is in the first page, block 5
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_a_cpu_cache_is_resident_from_the_start(monkeypatch: pytest.MonkeyPatch, populate: bool) -> None:
+    # Mapped in at allocation (bench/throughput.py's folio-faulting phase measures the other way: pages
+    # faulted in as blocks fill), and zero either way.
+    import psutil
+
+    from folio.kernels import layout
+
+    monkeypatch.setattr(layout, "POPULATE_CPU_CACHE", populate)
+    mib = 1 << 20
+    before = psutil.Process().memory_info().rss
+    [(k_cache, v_cache)] = allocate_kv_cache(1, 1024, 16, 4, 128, torch.float32, "cpu")  # 2 x 32 MiB
+    grown = psutil.Process().memory_info().rss - before
+    if populate:
+        assert grown >= 60 * mib
+    else:
+        assert grown < 16 * mib
+    assert not k_cache.any() and not v_cache.any()

@@ -72,10 +72,12 @@ def floor_seconds(model: Path, dtype: torch.dtype, prompt_lens: list[int], outpu
     for n in chunks:  # the prompts' last rows through the head, spread over the chunks
         step(n, max(1, batch * n // tokens))
     prefill = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(DECODE_SAMPLE):
-        step(batch, batch)
-    decode = (time.perf_counter() - start) / DECODE_SAMPLE * (output_len - 1)
+    sample, decode = min(DECODE_SAMPLE, output_len - 1), 0.0
+    if sample:
+        start = time.perf_counter()
+        for _ in range(sample):
+            step(batch, batch)
+        decode = (time.perf_counter() - start) / sample * (output_len - 1)
     per_layer = [2 * o * i for o, i in shapes]
     sampled = batch * output_len  # rows that get logits: each prompt's last, then every decode row
     flops = (sum(per_layer) * (layers * (tokens + batch * (output_len - 1)))
@@ -84,10 +86,18 @@ def floor_seconds(model: Path, dtype: torch.dtype, prompt_lens: list[int], outpu
     return {"seconds": seconds, "prefill_seconds": prefill, "decode_seconds": decode, "gflop_s": flops / seconds / 1e9}
 
 
+def workload_prompt_lens(model: str, num_prompts: int) -> list[int]:
+    """The token counts of `bench/throughput.py`'s prompts, as the engine tokenizes them."""
+    from bench.throughput import model_dir, workload
+    from folio.engine.tokenizer.loading import load_tokenizer
+
+    tok = load_tokenizer(str(model_dir(model)))
+    return [len(tok(p)["input_ids"]) for p in workload(num_prompts)]
+
+
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.throughput import model_dir, prepare_model, workload
-    from folio.engine.tokenizer.loading import load_tokenizer
+    from bench.throughput import prepare_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -98,8 +108,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     path = prepare_model("smollm2")
-    tok = load_tokenizer(str(model_dir("smollm2")))
-    lens = [len(tok(p)["input_ids"]) for p in workload(args.num_prompts)]
+    lens = workload_prompt_lens("smollm2", args.num_prompts)
     r = floor_seconds(path, getattr(torch, args.dtype), lens, args.output_len)
     print(f"{args.dtype} on {torch.get_num_threads()} thread(s): weight GEMMs {r['seconds']:.2f} s "
           f"(prefill {r['prefill_seconds']:.2f} s, decode {r['decode_seconds']:.2f} s, {r['gflop_s']:.0f} GFLOP/s) "

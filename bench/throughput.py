@@ -217,11 +217,9 @@ def run_gemm_floor(args: argparse.Namespace, dtype: str) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from bench.gemm_floor import floor_seconds
-    from folio.engine.tokenizer.loading import load_tokenizer
+    from bench.gemm_floor import floor_seconds, workload_prompt_lens
 
-    tok = load_tokenizer(str(model_dir(args.model)))
-    lens = [len(tok(p)["input_ids"]) for p in workload(args.num_prompts)]
+    lens = workload_prompt_lens(args.model, args.num_prompts)
     r = floor_seconds(model_dir(args.model), getattr(torch, dtype), lens, args.output_len)
     # no CPU seconds: the decode steps are timed on a sample and scaled
     return {"output_tokens": args.num_prompts * args.output_len, "seconds": r["seconds"],

@@ -4,7 +4,7 @@ Each step allocates its activations afresh (a prefill chunk's gate/up output alo
 frees them at its end. By default glibc serves blocks above a threshold that starts at 128 KiB with mmaps
 of their own and returns the heap's free top to the kernel past 128 KiB, so the next step page-faults the
 same memory in again; on a VM each fault is a trap to the hypervisor, and two threads faulting at once
-queue on the process's page-table lock. Fixing the mmap threshold at glibc's largest (32 MiB on 64-bit)
+contend for the process's memory-map lock. Fixing the mmap threshold at glibc's largest (32 MiB on 64-bit)
 and trimming only past 1 GiB keeps a step's working set resident between steps; the heap settles at the
 largest step's activations, which the engine's token budget bounds. bench/README.md has the figures.
 """

@@ -12,7 +12,6 @@ largest step's activations, which the engine's token budget bounds. bench/README
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -38,10 +37,9 @@ def keep_step_memory() -> bool:
 
 
 def _mallopt(param: int, value: int) -> bool:
-    libc_name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(libc_name).mallopt
-    except (OSError, AttributeError, TypeError):
+    try:  # the C library this process already runs on (no search for it on disk)
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(param, value) == 1

@@ -75,10 +75,21 @@ CPU_FUSED = Extension(
     optional=True,
 )
 
+# The CPU projections of decode steps with few rows (kernels/csrc/decode_gemm_cpu.c), likewise optional:
+# without it every projection runs oneDNN's GEMM.
+CPU_DECODE_GEMM = Extension(
+    "folio.kernels._cpu_decode_gemm",
+    sources=["kernels/csrc/decode_gemm_cpu.c"],
+    depends=SIMD_HEADERS,
+    extra_compile_args=["-O3", "-fno-math-errno", "-std=c11"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
 setup(
     cmdclass={"build_py": BuildPy},
     packages=_packages(),
-    ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED],
+    ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED, CPU_DECODE_GEMM],
     package_dir=ROOTS,
     package_data={"": ["*.yaml", "*.json", "*.jinja", "*.lua"]},
 )

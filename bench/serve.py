@@ -236,6 +236,8 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
     }  # fmt: skip
     results: dict[str, dict[int, dict]] = {}
     for name, (cmd, env, cwd) in servers.items():
+        if name.split()[0].lower() not in args.servers:
+            continue
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         print(f"starting {name} on {args.cores or 'any'} core(s)", flush=True)
@@ -257,6 +259,8 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
             print(f"{name:>16} {c:>4} {r['p50_ttft_ms']:>7.0f}ms {r['p99_ttft_ms']:>7.0f}ms "
                   f"{r['p50_tpot_ms']:>7.1f}ms {r['p99_tpot_ms']:>7.1f}ms {r['output_throughput']:>7.1f} "
                   f"{r['failed']:>6}")  # fmt: skip
+    if len(results) < 2:
+        return
     ours, peer_levels = results["folio serve"], results["vLLM api_server"]
     for c in args.clients:
         a, b = ours[c], peer_levels[c]
@@ -284,6 +288,8 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64, help="--vllm-client: prompts per level")
     parser.add_argument("--dtype", default="float32", help="--vllm-client: both servers' dtype")
     parser.add_argument("--cores", help="--vllm-client: pin both servers to these CPUs (taskset -c, e.g. 0,1)")
+    parser.add_argument("--servers", type=lambda s: s.split(","), default=["folio", "vllm"],
+                        help="--vllm-client: which servers to measure (folio,vllm; one alone prints no ratios)")
     args = parser.parse_args()
     if args.vllm_client:
         model = args.model or default_model()

@@ -9,6 +9,8 @@ the engine with the decoder layer's elementwise work in PyTorch instead of its n
 (``folio-no-screen``) float32 greedy tokens from the full float32 logits instead of the bfloat16 screen, and
 (``folio-faulting``, ``folio-bf16-faulting``) the engine with glibc's default heap and its KV cache faulted in
 as blocks fill instead of resident from the start (`folio.engine.cpu_heap`, `folio.kernels.layout`), and
+(``folio-no-panels``) every projection on oneDNN, without the decode kernel's second copy of the weights
+(`folio.kernels.decode_gemm_cpu`), and
 (``gemm-floor``, ``gemm-floor-bf16``) the workload's weight GEMMs alone (bench/gemm_floor.py): the ceiling of
 any engine's ratio to another that runs the same GEMMs. Besides wall-clock tok/s each phase reports its
 CPU seconds: on a shared machine the CPU-time ratio is the steadier figure.
@@ -117,15 +119,17 @@ def peak_rss_mib() -> float:
 
 def run_folio(
     args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True, screen: bool = True,
-    resident: bool = True,
+    resident: bool = True, panels: bool = True,
 ) -> dict:
     from folio.engine import LLM, SamplingParams, cpu_heap
+    from folio.engine.layers import linear
     from folio.kernels import fused_cpu, layout
 
     if not native_ops:  # the decoder layer's elementwise work in PyTorch, as a build without the C ops runs it
         fused_cpu.AVAILABLE = False
     if not resident:  # glibc's default heap, and KV pages faulted in as blocks fill
         cpu_heap.ENABLED = layout.POPULATE_CPU_CACHE = False
+    linear.DECODE_PANELS = panels  # off: oneDNN for every projection, and no second copy of the weights
 
     block = {"block_size": args.block_size} if args.block_size else {}
     llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix, **block)
@@ -235,6 +239,8 @@ PHASES = {
                                                                                         screen=False)),
     "folio-faulting": ("folio float32, pages faulted in as used", lambda a: run_folio(a, "float32", True, False,
                                                                                   resident=False)),
+    "folio-no-panels": ("folio float32, no decode panels", lambda a: run_folio(a, "float32", True, False,
+                                                                             panels=False)),
     "folio-bf16-faulting": ("folio bfloat16, pages faulted in as used",
                             lambda a: run_folio(a, "bfloat16", True, False, resident=False)),
     "folio-bf16-pytorch-ops": ("folio bfloat16, elementwise ops in PyTorch",
@@ -250,7 +256,7 @@ PHASES = {
 PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
 # the same for the engine without its native elementwise ops (kernels/csrc/fused_cpu.c)
 BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16", "folio-no-screen": "folio",
-               "folio-faulting": "folio", "folio-bf16-faulting": "folio-bf16"}
+               "folio-faulting": "folio", "folio-bf16-faulting": "folio-bf16", "folio-no-panels": "folio"}
 # the engines each GEMM floor bounds: an engine that runs these GEMMs cannot beat the floor's tok/s
 FLOOR_OF = {"gemm-floor": ("folio", "vllm"), "gemm-floor-bf16": ("folio-bf16", "vllm-bf16")}
 CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)

@@ -10,6 +10,11 @@ batch 1 (`bench/cpu_paths.py`, bench/README.md); its results differ from MKL's o
 (`pack_for_onednn`), which saves the per-call re-layout: 1.46-1.86x per projection at decode batches of
 8-17, 1.13x at 64, 1.06-1.09x on prefill chunks (bench/cpu_paths.py).
 
+Decode steps of a few rows are bound by reading the weights, not by the multiplies: there each prepacked
+weight carries a second copy in `folio.kernels.decode_gemm_cpu`'s panels (`add_decode_panels`), whose
+kernel streams them at 1.1-1.5x oneDNN's rate up to 8 rows in float32 and 4 in bfloat16 (bench/decode_gemm.py),
+at the cost of holding the projections twice.
+
 bfloat16: `F.linear` already runs oneDNN's matmul on a CPU with bfloat16 instructions (AVX-512 BF16, AMX),
 but re-lays-out the weight on every call; prepacked, the same GEMM gives bit-identical results without
 that cost (bench/cpu_paths.py compares the two). Where the CPU lacks those instructions bfloat16 weights
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from folio.kernels import decode_gemm_cpu
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 ONEDNN_BF16 = ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -46,7 +53,21 @@ def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
 
 
+# Whether `add_decode_panels` adds the panels (bench/throughput.py's folio-no-panels phase turns it off).
+DECODE_PANELS = True
+
+
+def add_decode_panels(packed: torch.Tensor, weight: torch.Tensor) -> None:
+    """Gives the prepacked ``packed`` the decode kernel's panels of ``weight`` (row-major [out, in]), where
+    this CPU runs the kernel."""
+    if DECODE_PANELS and decode_gemm_cpu.AVAILABLE and weight.dtype in decode_gemm_cpu.DTYPES:
+        packed.decode_panels = decode_gemm_cpu.pack(weight)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    panels = getattr(weight, "decode_panels", None)
+    if panels is not None and decode_gemm_cpu.faster(x, panels):
+        return decode_gemm_cpu.decode_gemm(x, panels, bias)
     if weight.is_mkldnn or (uses_onednn(x) and weight.dtype == torch.float32):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -16,7 +16,7 @@ from torch import nn
 from folio.engine.config import ModelConfig
 from folio.engine.layers import greedy_head
 from folio.engine.layers.context import AttentionContext
-from folio.engine.layers.linear import linear, pack_for_onednn, packs
+from folio.engine.layers.linear import add_decode_panels, linear, pack_for_onednn, packs
 from folio.engine.layers.moe import SparseMoE
 from folio.engine.layers.norm import RMSNorm
 from folio.engine.layers.rotary import RotaryEmbedding
@@ -142,7 +142,8 @@ class DecoderLM(nn.Module):
         """Lay the projection weights out for the CPU's fastest GEMM, once.
 
         With oneDNN (`folio.engine.layers.linear`; float32, and bfloat16 where the CPU has bfloat16
-        instructions): each decoder projection and the LM head are prepacked into oneDNN's blocked layout.
+        instructions): each decoder projection and the LM head are prepacked into oneDNN's blocked layout,
+        and, where the CPU runs it, get the decode kernel's panels too (`add_decode_panels`).
         The embedding table stays as is for its row lookups; stacked expert weights stay row-major (indexed
         per expert).
 
@@ -154,7 +155,9 @@ class DecoderLM(nn.Module):
             for module in self.layers.modules():
                 for name, param in list(module.named_parameters(recurse=False)):
                     if name in _PROJECTIONS and param.dim() == 2:
-                        setattr(module, name, nn.Parameter(pack_for_onednn(param), requires_grad=False))
+                        packed = nn.Parameter(pack_for_onednn(param), requires_grad=False)
+                        add_decode_panels(packed, param)
+                        setattr(module, name, packed)
             # A head tied to the embedding gets a packed copy of its own (SmolLM2: 113 MiB; Gemma 3 270M:
             # 640 MiB, in float32): the vocabulary-wide GEMM is the largest of a step, 1.2x faster at batch 64,
             # 1.8x at 8.
@@ -164,6 +167,7 @@ class DecoderLM(nn.Module):
                 # the few tokens left in float32 from ``head`` (the embedding itself when tied)
                 self.greedy_screen = greedy_head.GreedyScreen(head.data)
             self.lm_head = nn.Parameter(pack_for_onednn(head), requires_grad=False)
+            add_decode_panels(self.lm_head, head)
             return
         if dtype != torch.float32:
             return

@@ -1,0 +1,85 @@
+"""The decode-step projections of a few rows: `folio.kernels.decode_gemm_cpu`'s panel kernel against oneDNN's
+GEMM on the prepacked weight (what the engine runs otherwise), in the same run.
+
+One pass is every projection of SmolLM2's 30 layers (merged QKV, output, merged gate-up, down: 107 M
+weights) at 1, 2, 4, 8 and 16 rows, float32 and bfloat16 (bfloat16 only where oneDNN runs it prepacked);
+best of --repeat passes. The pass reads each weight once, so the table also prints the weights' bytes over
+the time (GB/s) next to a plain `sum` over the same bytes, the rate a pass over memory reaches here.
+
+    .venv/bin/python bench/decode_gemm.py [--threads 2] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# SmolLM2-135M's projections, [out, in]: merged QKV (9 + 2 * 3 heads of 64), output, merged gate-up, down
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+LAYERS = 30
+ROWS = (1, 2, 4, 8, 16)
+
+
+def best_seconds(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm: first-touch of outputs, oneDNN's primitive cache
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def one_dtype(dtype: torch.dtype, repeat: int, g: torch.Generator) -> None:
+    from folio.engine.layers.linear import linear, pack_for_onednn
+    from folio.kernels import decode_gemm_cpu
+
+    weights = [torch.randn(*s, generator=g).to(dtype) for _ in range(LAYERS) for s in SHAPES]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    onednn = [(w.shape[1], pack_for_onednn(w)) for w in weights]
+    panels = [(w.shape[1], decode_gemm_cpu.pack(w)) for w in weights]
+    flat = torch.cat([w.flatten() for w in weights])
+    floor = best_seconds(flat.sum, repeat)
+    name = str(dtype).removeprefix("torch.")
+    for rows in ROWS:
+        x = torch.randn(rows, max(k for _, k in SHAPES), generator=g).to(dtype)
+        inputs = {k: x[:, :k].contiguous() for _, k in SHAPES}
+        ref = best_seconds(lambda: [linear(inputs[k], p) for k, p in onednn], repeat)  # noqa: B023
+        ours = best_seconds(lambda: [decode_gemm_cpu.decode_gemm(inputs[k], p) for k, p in panels], repeat)  # noqa: B023
+        print(f"{name:>9} {rows:>4} {ref * 1e3:>7.2f}ms {ours * 1e3:>7.2f}ms {ref / ours:>5.2f}x "
+              f"{nbytes / ref / 1e9:>6.1f}GB/s {nbytes / ours / 1e9:>6.1f}GB/s {nbytes / floor / 1e9:>6.1f}GB/s")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from folio.engine.layers.linear import packs
+    from folio.kernels import decode_gemm_cpu
+
+    if not decode_gemm_cpu.AVAILABLE:
+        raise SystemExit("the decode GEMM kernel does not run here (needs AVX-512F and the built extension)")
+    print(f"SmolLM2's projections x {LAYERS} layers, {args.threads} thread(s), best of {args.repeat}")
+    print(f"{'dtype':>9} {'rows':>4} {'oneDNN':>9} {'panels':>9} {'ratio':>6} {'oneDNN':>10} {'panels':>10} "
+          f"{'sum':>10}")  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        if packs(dtype):
+            one_dtype(dtype, args.repeat, g)
+        else:
+            print(f"{dtype!s:>9}: oneDNN does not run it prepacked on this CPU; skipped")
+
+
+if __name__ == "__main__":
+    main()

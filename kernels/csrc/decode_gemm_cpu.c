@@ -1,0 +1,205 @@
+/* The projections of a CPU decode step with few rows: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16.
+ *
+ * With a handful of rows a projection is a pass over its weights: each weight is read once from memory and
+ * used M times, so the time is the weights' bytes over the memory bandwidth the kernel sustains. oneDNN's
+ * GEMM, blocked for large batches, sustains about 20 GB/s on two cores of the development machine there,
+ * where a plain sum over the same bytes reaches 31. This kernel reads the weights as one sequential stream
+ * per thread, in a layout of its own ("panels": W's rows 16 at a time, [N/16][K][16], made by the Python
+ * wrapper, folio.kernels.decode_gemm_cpu), prefetched ahead, and broadcasts each row of x across the 16
+ * output columns of a panel, so that no horizontal sum is needed. Two panels at a time, up to 8 rows of
+ * x per pass (16 accumulators), each weight row once from memory per 8 rows. bench/decode_gemm.py has the
+ * rates: float32 1.2-1.5x oneDNN's up to 8 rows, even at 16; bfloat16 1.1-1.3x up to 4.
+ *
+ * Arithmetic: float32 multiply-adds (fused), bfloat16 weights and rows widened exactly to float32, the sum
+ * over K in order for each output, the bias added last and a bfloat16 result rounded to nearest even once.
+ * The result differs from oneDNN's only in summation order; bfloat16 products are exact in float32, so the bfloat16 result is at least as
+ * close to the exact one as oneDNN's.
+ *
+ * AVX-512F only (the panel is one vector wide); elsewhere `available()` is false and the engine keeps
+ * oneDNN. Pairs of panels split over torch's OpenMP workers (cpu_team.h). No torch headers: the Python
+ * wrapper checks shapes, dtypes and strides and passes data pointers.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "cpu_simd_width.h"
+#include "cpu_team.h"
+#include "cpu_vec.h"
+
+/* Element i of a float32 or bfloat16 array as float32. */
+static inline __attribute__((always_inline)) float load_any(const void *base, int64_t i, const int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+#define PANEL 16     /* output columns per panel: one AVX-512 vector of float32 */
+#define MAX_ROWS 16  /* rows of x this kernel takes; larger batches go to oneDNN */
+#define TILE_ROWS 8  /* rows of x per register tile: 2 panels x 8 rows = 16 accumulators */
+#define PREFETCH 128 /* panel rows (k) ahead to prefetch: 8 KiB of float32 */
+
+typedef struct {
+    const float *xt;    /* x widened to float32 and transposed: [K][M] */
+    const void *panels; /* [N_pad / 16][K][16] in the weight dtype */
+    const void *bias;   /* [N] in the weight dtype, or NULL */
+    void *out;          /* [M, N] contiguous, in the weight dtype */
+    int64_t m, n, k, first, last; /* panels [first, last) */
+    int bf16;
+} Gemm;
+
+#ifdef FOLIO_X86
+#define FOLIO_SIMD 512
+#include "cpu_simd.h"
+
+/* Panel row k (16 weights) as float32. */
+VFN vf panel_row(const void *p, int64_t k, const int bf16) { return V(vload)(p, k * PANEL, bf16); }
+
+/* Panel rows k + PREFETCH .. k + PREFETCH + 3 (four or two cache lines) on their way to L1; called every
+ * fourth k. */
+VFN void prefetch(const void *p, int64_t k, const int bf16) {
+    const char *at = (const char *)p + (k + PREFETCH) * PANEL * (bf16 ? 2 : 4);
+    for (int line = 0; line < (bf16 ? 2 : 4); ++line) _mm_prefetch(at + 64 * line, _MM_HINT_T0);
+}
+
+/* Output columns [col, col + 16) of row r: the sum plus the bias, stored in the output dtype (only the
+ * columns below n: the last panel may be padding). */
+VFN void put(const Gemm *g, int64_t r, int64_t col, vf sum, const int bf16) {
+    if (g->n - col >= PANEL) {
+        if (g->bias) sum = vadd(sum, V(vload)(g->bias, col, bf16));
+        if (bf16) V(vstore_u16)((uint16_t *)g->out + r * g->n + col, V(vbf16_bits)(sum));
+        else vstoreu((float *)g->out + r * g->n + col, sum);
+        return;
+    }
+    float lanes[PANEL];
+    vstoreu(lanes, sum);
+    for (int64_t j = 0; j < g->n - col; ++j) {
+        const float v = lanes[j] + (g->bias ? load_any(g->bias, col + j, bf16) : 0.0f);
+        if (bf16) ((uint16_t *)g->out)[r * g->n + col + j] = f32_to_bf16(v);
+        else ((float *)g->out)[r * g->n + col + j] = v;
+    }
+}
+
+/* Rows [r0, r0 + rows) of x against `count` (1 or 2) panels from `panel` on; rows and count are
+ * compile-time constants where inlined, so the accumulators stay in registers. */
+VFN void tile(const Gemm *g, int64_t panel, const int count, int64_t r0, const int rows, const int bf16) {
+    const int64_t step = g->k * PANEL * (bf16 ? 2 : 4);
+    const void *p = (const char *)g->panels + panel * step, *q = (const char *)p + step;
+    vf a[TILE_ROWS], b[TILE_ROWS];
+    for (int r = 0; r < rows; ++r) a[r] = b[r] = vzero();
+    for (int64_t k = 0; k < g->k; ++k) {
+        if ((k & 3) == 0) {
+            prefetch(p, k, bf16);
+            if (count == 2) prefetch(q, k, bf16);
+        }
+        const vf w = panel_row(p, k, bf16), v = count == 2 ? panel_row(q, k, bf16) : vzero();
+        const float *xk = g->xt + k * g->m + r0;
+        for (int r = 0; r < rows; ++r) {
+            const vf xr = vset1(xk[r]);
+            a[r] = vfmadd(w, xr, a[r]);
+            if (count == 2) b[r] = vfmadd(v, xr, b[r]);
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        put(g, r0 + r, panel * PANEL, a[r], bf16);
+        if (count == 2) put(g, r0 + r, (panel + 1) * PANEL, b[r], bf16);
+    }
+}
+
+#define TILE_CASES(count)                                                                                    \
+    switch (rows) {                                                                                          \
+    case 1: tile(g, panel, count, r0, 1, bf16); break;                                                       \
+    case 2: tile(g, panel, count, r0, 2, bf16); break;                                                       \
+    case 3: tile(g, panel, count, r0, 3, bf16); break;                                                       \
+    case 4: tile(g, panel, count, r0, 4, bf16); break;                                                       \
+    case 5: tile(g, panel, count, r0, 5, bf16); break;                                                       \
+    case 6: tile(g, panel, count, r0, 6, bf16); break;                                                       \
+    case 7: tile(g, panel, count, r0, 7, bf16); break;                                                       \
+    default: tile(g, panel, count, r0, 8, bf16); break;                                                      \
+    }
+
+VFN void panels(const Gemm *g, const int bf16) {
+    for (int64_t panel = g->first; panel < g->last;) {
+        /* two panels per pass: two streams of weights in flight, and half the broadcasts of x per weight */
+        const int count = panel + 1 < g->last ? 2 : 1;
+        for (int64_t r0 = 0; r0 < g->m; r0 += TILE_ROWS) {
+            const int rows = (int)(g->m - r0 < TILE_ROWS ? g->m - r0 : TILE_ROWS);
+            if (count == 2) TILE_CASES(2) else TILE_CASES(1)
+        }
+        panel += count;
+    }
+}
+
+VENTRY void panels_f32(const Gemm *g) { panels(g, 0); }
+VENTRY void panels_bf16(const Gemm *g) { panels(g, 1); }
+#endif
+
+static void *run_share(void *arg) {
+#ifdef FOLIO_X86
+    const Gemm *g = (const Gemm *)arg;
+    if (g->first < g->last) (g->bf16 ? panels_bf16 : panels_f32)(g);
+#else
+    (void)arg;
+#endif
+    return NULL;
+}
+
+static int runs_here(void) { return simd_width() == 512; }
+
+/* --- Python entry points ----------------------------------------------------------------------------- */
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+
+static PyObject *available(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return PyBool_FromLong(runs_here());
+}
+
+static PyObject *gemm(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, panels_ptr, bias, out;
+    long long x_stride, m, n, k;
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "KLKKKLLLii", &x, &x_stride, &panels_ptr, &bias, &out, &m, &n, &k, &dtype, &threads))
+        return NULL;
+    if (!runs_here() || (dtype != DTYPE_F32 && dtype != DTYPE_BF16) || m < 1 || m > MAX_ROWS || n < 1 || k < 1) {
+        PyErr_Format(PyExc_ValueError, "decode_gemm: no kernel for dtype code %d, %lld rows (1-%d) on this CPU",
+                     dtype, m, MAX_ROWS);
+        return NULL;
+    }
+    float *xt = malloc((size_t)(m * k) * sizeof(float));
+    if (!xt) return PyErr_NoMemory();
+    const int bf16 = dtype == DTYPE_BF16;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < m; ++r) /* x widened and transposed, so that a tile's rows at k are adjacent */
+        for (int64_t j = 0; j < k; ++j) xt[j * m + r] = load_any(PTR(x), r * x_stride + j, bf16);
+    const int64_t count = (n + PANEL - 1) / PANEL, pairs = (count + 1) / 2;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > pairs) threads = (int)pairs;
+    if (threads < 1) threads = 1;
+    Gemm shares[MAX_THREADS];
+    for (int i = 0; i < threads; ++i) /* whole pairs of panels per thread, so that each can run two at once */
+        shares[i] = (Gemm){xt, PTR(panels_ptr), bias ? PTR(bias) : NULL, PTR(out), m, n, k,
+                           2 * (pairs * i / threads), 2 * (pairs * (i + 1) / threads), bf16};
+    shares[threads - 1].last = count;
+    if (threads == 1) run_share(&shares[0]);
+    else run_shares(run_share, shares, sizeof(Gemm), threads);
+    Py_END_ALLOW_THREADS
+    free(xt);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"use_openmp", use_openmp, METH_VARARGS, USE_OPENMP_DOC},
+    {"simd", simd, METH_VARARGS, SIMD_DOC},
+    {"available", available, METH_NOARGS, "available() -> whether this CPU runs the kernel (AVX-512F)"},
+    {"gemm", gemm, METH_VARARGS,
+     "gemm(x, x_stride, panels, bias, out, m, n, k, dtype, threads): bias 0 for none; pointers and sizes "
+     "already checked by folio.kernels.decode_gemm_cpu"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_decode_gemm",
+                                    "The CPU projections of decode steps with few rows (see decode_gemm_cpu.c).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cpu_decode_gemm(void) { return PyModule_Create(&module); }

@@ -6,7 +6,11 @@ weights) at 1, 2, 4, 8 and 16 rows, float32 and bfloat16 (bfloat16 only where on
 best of --repeat passes. The pass reads each weight once, so the table also prints the weights' bytes over
 the time (GB/s) next to a plain `sum` over the same bytes, the rate a pass over memory reaches here.
 
-    .venv/bin/python bench/decode_gemm.py [--threads 2] [--repeat 7]
+With ``--engine-steps`` it times whole engine decode steps too (SmolLM2 float32, sampled at temperature 1
+as a served request is, so the LM head counts; ~200-token contexts): the median of 40 steps at 1 and 8
+sequences, with the panels and without (`folio.engine.layers.linear.DECODE_PANELS`), in this process.
+
+    .venv/bin/python bench/decode_gemm.py [--threads 2] [--repeat 7] [--engine-steps]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 # SmolLM2-135M's projections, [out, in]: merged QKV (9 + 2 * 3 heads of 64), output, merged gate-up, down
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -58,10 +63,38 @@ def one_dtype(dtype: torch.dtype, repeat: int, g: torch.Generator) -> None:
               f"{nbytes / ref / 1e9:>6.1f}GB/s {nbytes / ours / 1e9:>6.1f}GB/s {nbytes / floor / 1e9:>6.1f}GB/s")  # fmt: skip
 
 
+def engine_step_ms(panels: bool, sequences: int, steps: int = 40) -> float:
+    """The median decode step of SmolLM2 float32 with ``sequences`` running, panels on or off."""
+    from throughput import model_dir
+
+    from folio.engine import LLM, SamplingParams
+    from folio.engine.layers import linear
+
+    linear.DECODE_PANELS = panels
+    try:
+        llm = LLM(str(model_dir("smollm2")), dtype="float32", kv_cache_memory_gib=1.0)
+    finally:
+        linear.DECODE_PANELS = True
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True, seed=0)
+    for i in range(sequences):
+        engine.add_request(f"r{i}", " ".join(["the river and the mountain"] * 40) + f" {i}", params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or \
+            engine.scheduler.waiting:  # fmt: skip
+        engine.step()  # the prompts' prefill
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--engine-steps", action="store_true", help="also time whole engine decode steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -79,6 +112,11 @@ def main() -> None:
             one_dtype(dtype, args.repeat, g)
         else:
             print(f"{dtype!s:>9}: oneDNN does not run it prepacked on this CPU; skipped")
+    if args.engine_steps:
+        print("engine decode steps, SmolLM2 float32, sampled, median of 40:")
+        for sequences in (1, 8):
+            off, on = engine_step_ms(False, sequences), engine_step_ms(True, sequences)
+            print(f"  {sequences} sequence(s): {off:.1f} ms on oneDNN, {on:.1f} ms with the panels: {off / on:.2f}x")
 
 
 if __name__ == "__main__":

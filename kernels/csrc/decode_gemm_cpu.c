@@ -8,7 +8,7 @@
  * wrapper, folio.kernels.decode_gemm_cpu), prefetched ahead, and broadcasts each row of x across the 16
  * output columns of a panel, so that no horizontal sum is needed. Two panels at a time, up to 8 rows of
  * x per pass (16 accumulators), each weight row once from memory per 8 rows. bench/decode_gemm.py has the
- * rates: float32 1.2-1.5x oneDNN's up to 8 rows, even at 16; bfloat16 1.1-1.3x up to 4.
+ * rates: float32 1.1-1.5x oneDNN's up to 8 rows, even at 16; bfloat16 1.3-1.5x up to 2 rows.
  *
  * Arithmetic: float32 multiply-adds (fused), bfloat16 weights and rows widened exactly to float32, the sum
  * over K in order for each output, the bias added last and a bfloat16 result rounded to nearest even once.

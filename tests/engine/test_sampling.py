@@ -134,6 +134,19 @@ def test_sampling_follows_the_distribution() -> None:
     assert torch.allclose(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04)
 
 
+def test_tokens_filtered_out_are_never_drawn() -> None:
+    # top-k 2 of 5 leaves tokens 1 and 3; the first and the last token, and one between, have probability 0
+    sampler = Sampler(1, torch.device("cpu"))
+    logits = torch.log(torch.tensor([[0.15, 0.5, 0.1, 0.2, 0.05]] * 4))
+    seqs = [_seq([0], [], temperature=1.0, top_k=2) for _ in range(4)]
+    counts = torch.zeros(5)
+    for _ in range(500):
+        for token in sampler(logits, seqs).token_ids:
+            counts[token] += 1
+    assert counts[[0, 2, 4]].sum() == 0
+    assert torch.allclose(counts[[1, 3]] / 2000, torch.tensor([0.5 / 0.7, 0.2 / 0.7]), atol=0.04)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [

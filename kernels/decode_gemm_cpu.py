@@ -44,9 +44,6 @@ class Panels:
         self.data = padded.reshape(-1, PANEL, self.in_features).transpose(1, 2).contiguous()
         self.dtype = weight.dtype
 
-    def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
-
 
 def pack(weight: torch.Tensor) -> Panels:
     return Panels(weight)

@@ -32,6 +32,11 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     return (uint16_t)(bits >> 16);
 }
 
+/* Element i of a float32 or bfloat16 array as float32; `bf16` is a compile-time constant where inlined. */
+static inline __attribute__((always_inline)) float load(const void *base, int64_t i, const int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
 /* Cephes' expf without its final scaling: exp(x) = 2^n * the result, with n = rint(x / ln 2) stored in *n and
  * r = x - n ln2 (ln2 split in two for exactness) fed to a degree-7 polynomial; about 1 ulp. The callers
  * clamp x and apply 2^n for their own ranges. */

@@ -28,11 +28,6 @@
 #include "cpu_team.h"
 #include "cpu_vec.h"
 
-/* Element i of a float32 or bfloat16 array as float32. */
-static inline __attribute__((always_inline)) float load_any(const void *base, int64_t i, const int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
 #define PANEL 16     /* output columns per panel: one AVX-512 vector of float32 */
 #define MAX_ROWS 16  /* rows of x this kernel takes; larger batches go to oneDNN */
 #define TILE_ROWS 8  /* rows of x per register tile: 2 panels x 8 rows = 16 accumulators */
@@ -73,7 +68,7 @@ VFN void put(const Gemm *g, int64_t r, int64_t col, vf sum, const int bf16) {
     float lanes[PANEL];
     vstoreu(lanes, sum);
     for (int64_t j = 0; j < g->n - col; ++j) {
-        const float v = lanes[j] + (g->bias ? load_any(g->bias, col + j, bf16) : 0.0f);
+        const float v = lanes[j] + (g->bias ? load(g->bias, col + j, bf16) : 0.0f);
         if (bf16) ((uint16_t *)g->out)[r * g->n + col + j] = f32_to_bf16(v);
         else ((float *)g->out)[r * g->n + col + j] = v;
     }
@@ -171,7 +166,7 @@ static PyObject *gemm(PyObject *self, PyObject *args) {
     const int bf16 = dtype == DTYPE_BF16;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t r = 0; r < m; ++r) /* x widened and transposed, so that a tile's rows at k are adjacent */
-        for (int64_t j = 0; j < k; ++j) xt[j * m + r] = load_any(PTR(x), r * x_stride + j, bf16);
+        for (int64_t j = 0; j < k; ++j) xt[j * m + r] = load(PTR(x), r * x_stride + j, bf16);
     const int64_t count = (n + PANEL - 1) / PANEL, pairs = (count + 1) / 2;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > pairs) threads = (int)pairs;

@@ -35,11 +35,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Element i of a float32 or bfloat16 array as float32; `bf16` is a compile-time constant where inlined. */
-INLINE float load(const void *base, int64_t i, const int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
 INLINE void store(void *base, int64_t i, float x, const int bf16) {
     if (bf16) ((uint16_t *)base)[i] = f32_to_bf16(x);
     else ((float *)base)[i] = x;

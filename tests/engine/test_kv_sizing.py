@@ -36,8 +36,9 @@ def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pretend_device(monkeypatch: pytest.MonkeyPatch, headroom: int) -> CpuMemory:
-    """A 'device' of the process's current resident set plus ``headroom``, measured as the GPU would be."""
-    meter = CpuMemory(total=CpuMemory().in_use() + headroom)
+    """A 'device' measured as the GPU would be, whose default utilization (0.9) leaves the engine ``headroom``
+    beyond the process's current resident set, however much earlier tests left resident."""
+    meter = CpuMemory(total=int((CpuMemory().in_use() + headroom) / EngineConfig(model="unused").gpu_memory_utilization))
     monkeypatch.setattr(memory_profile, "meter_for", lambda device: meter)
     return meter
 

@@ -142,13 +142,16 @@ def test_tp2_sizes_every_rank_after_one_profiling_step(tp_model, monkeypatch: py
     from folio.engine import memory_profile
     from folio.engine.memory_profile import CpuMemory
 
-    meter = CpuMemory(total=CpuMemory().in_use() + 300 * (1 << 20))
-    monkeypatch.setattr(memory_profile, "meter_for", lambda device: meter)
     path = tp_model("kv2-tied")
     prompts = random_prompts(500, (1, 9, 40))
     expected = hf_greedy(path, prompts, MAX_TOKENS)
+    # 300 MiB for the engine beyond what this process holds now, whatever earlier tests left resident: the
+    # budget is utilization x total, so the total is scaled up by the utilization
+    utilization = 0.9
+    meter = CpuMemory(total=int((CpuMemory().in_use() + 300 * (1 << 20)) / utilization))
+    monkeypatch.setattr(memory_profile, "meter_for", lambda device: meter)
     engine_args = {k: v for k, v in ENGINE.items() if k != "kv_cache_memory_gib"}
-    llm = LLM(str(path), **engine_args, tensor_parallel_size=2)
+    llm = LLM(str(path), **engine_args, tensor_parallel_size=2, gpu_memory_utilization=utilization)
     try:
         engine = llm.llm_engine
         num_blocks = engine.block_manager.num_blocks

@@ -180,7 +180,7 @@ def freeze_start_up_objects() -> int:
 
     What start-up built (the model's modules, the tokenizer, transformers' and FastAPI's machinery: hundreds
     of thousands of objects) lives as long as the server. Left in the oldest generation, every full
-    collection rescans all of it, a pause of 100-170 ms on the development machine that lands mid-request
+    collection rescans all of it, a pause of well over 100 ms on the development machine that lands mid-request
     in some TTFT or TPOT (bench/README.md); frozen, collections see only what serving creates. The
     collection first frees what start-up left as garbage, so none of it is kept.
     """

@@ -7,6 +7,7 @@ Engine flags follow vLLM's names. Heavy imports (torch, uvicorn, FastAPI) happen
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import logging
 import sys
@@ -16,6 +17,7 @@ from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
 
 if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
+    from folio.engine.llm_engine import LLMEngine
     from folio.engine.server.admission import Faults
 
 
@@ -175,6 +177,21 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     return config, faults
 
 
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """``LLMEngine(config)``, built on a thread of its own that ends once it is built.
+
+    Loading and the profiling step run torch's parallel ops, and OpenMP (libgomp) keeps a pool of worker
+    threads for each thread that has run one, for as long as that thread lives. The server steps the engine
+    on its engine thread; were the main thread's pool alive beside that one, libgomp would count more of
+    its threads than CPUs and cut their spin-waits to a few spins, so that each op of a step waits for its
+    workers to wake: the same GEMMs 25-35% slower (bench/README.md). A pool ends with its thread.
+    """
+    from folio.engine.llm_engine import LLMEngine
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="folio-load") as loader:
+        return loader.submit(LLMEngine, config).result()
+
+
 def freeze_start_up_objects() -> int:
     """Moves every object alive now out of the garbage collector's reach (`gc.freeze`); returns how many.
 
@@ -206,10 +223,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"folio serve: {exc}", file=sys.stderr)
         return 2
 
-    from folio.engine.llm_engine import LLMEngine
-
     try:
-        engine = LLMEngine(config)  # verifies the digest, loads the weights, sizes the KV cache
+        engine = build_engine(config)  # verifies the digest, loads the weights, sizes the KV cache
     except (OSError, ValueError) as exc:
         print(f"folio serve: cannot load {args.model}: {exc}", file=sys.stderr)
         return 1

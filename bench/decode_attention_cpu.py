@@ -10,6 +10,13 @@ K/V comes from DRAM as it does in the engine. Correctness of every path is tests
 variant's speed against the portable one.
 
     .venv/bin/python bench/decode_attention_cpu.py [--rounds 2] [--core 1]
+
+With ``--split`` it measures instead how the shipped kernel shares a step among threads: ``--cores`` (default
+0,1) with a thread each, on torch's OpenMP pool as in the engine, 1 to 32 sequences, against the kernel built
+with the old bar for starting a second thread (32768 query-head x key pairs, which kept SmolLM2's 16 and 32
+sequences of 200 tokens on one thread).
+
+    .venv/bin/python bench/decode_attention_cpu.py --split [--cores 0,1]
 """
 
 from __future__ import annotations
@@ -28,15 +35,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "csrc" / "paged_decode_cpu.c"
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11", "-pthread"]  # setup.py's
 VARIANTS = {"portable": ["-DFOLIO_PORTABLE_ONLY"], "vector, no prefetch": ["-DFOLIO_NO_PREFETCH"], "shipped": []}
+SPLIT_VARIANTS = {"one thread below 32768 pairs": ["-DMIN_PAIRS_PER_THREAD=32768"], "shipped": []}
+SPLIT_BATCHES = (1, 2, 4, 8, 16, 32)
 BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
 RESULT = "FOLIO_BENCH_RESULT "
 
 
-def build(out_dir: Path) -> dict[str, Path]:
+def build(out_dir: Path, variants: dict[str, list[str]]) -> dict[str, Path]:
     cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
     include = sysconfig.get_paths()["include"]
     built = {}
-    for name, defines in VARIANTS.items():
+    for name, defines in variants.items():
         so = out_dir / f"{name.replace(' ', '_').replace(',', '')}" / "_cpu_attention.so"
         so.parent.mkdir()
         subprocess.run([cc, "-shared", "-fPIC", *FLAGS, *defines, f"-I{include}", str(SOURCE), "-o", str(so)],
@@ -45,35 +54,40 @@ def build(out_dir: Path) -> dict[str, Path]:
     return built
 
 
-def measure(so: Path, dtype_name: str, calls: int) -> dict:
-    """ms per layer call of the variant at ``so`` (run in a process of its own)."""
+def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: int = 1) -> dict:
+    """ms per layer call of the variant at ``so`` over ``batch`` sequences (run in a process of its own)."""
     import importlib.machinery
     import importlib.util
 
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     loader = importlib.machinery.ExtensionFileLoader("_cpu_attention", str(so))
     spec = importlib.util.spec_from_file_location("_cpu_attention", so, loader=loader)
     assert spec is not None
     kernel = importlib.util.module_from_spec(spec)
     loader.exec_module(kernel)
+    if threads > 1:  # on torch's OpenMP pool, as the engine runs it
+        from folio.kernels.decode_attention_cpu import share_torch_threads
+
+        torch.zeros(1024, 1024).sum()  # torch's pool started first, as in a step
+        share_torch_threads(kernel)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     g = torch.Generator().manual_seed(0)
     num_blocks = (2 << 30) // (2 * BLOCK * KV_HEADS * HEAD_DIM * 4 * LAYERS)
     caches = [(torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype),
                torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)) for _ in range(LAYERS)]
-    lens = torch.randint(100, 301, (BATCH,), generator=g, dtype=torch.int32)
+    lens = torch.randint(100, 301, (batch,), generator=g, dtype=torch.int32)
     per_seq = 300 // BLOCK + 1
-    tables = torch.randperm(num_blocks, generator=g)[: BATCH * per_seq].view(BATCH, per_seq).to(torch.int32)
-    q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq).to(torch.int32)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).to(dtype)
     out = torch.empty_like(q)
     code = {torch.float32: 0, torch.bfloat16: 1}[dtype]
 
     def call(k: torch.Tensor, v: torch.Tensor) -> None:
         kernel.paged_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-                            out.data_ptr(), BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, num_blocks, tables.stride(0),
-                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), HEAD_DIM**-0.5, code, 1, 0,
+                            out.data_ptr(), batch, HEADS, KV_HEADS, HEAD_DIM, BLOCK, num_blocks, tables.stride(0),
+                            q.stride(0), q.stride(1), out.stride(0), out.stride(1), HEAD_DIM**-0.5, code, threads, 0,
                             per_seq * BLOCK)
 
     for k, v in caches:  # warm up: every page touched once
@@ -86,28 +100,22 @@ def measure(so: Path, dtype_name: str, calls: int) -> dict:
     return {"ms": seconds * 1e3, "gb_s": read / seconds / 1e9, "simd": kernel.simd()}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; each variant's best is kept")
-    parser.add_argument("--calls", type=int, default=150)
-    parser.add_argument("--core", default="1")
-    parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
-    args = parser.parse_args()
-    if args.measure:
-        print(RESULT + json.dumps(measure(Path(args.measure[0]), args.measure[1], args.calls)), flush=True)
-        return 0
+def run_variant(so: Path, dtype: str, calls: int, cores: str, batch: int = BATCH, threads: int = 1) -> dict:
+    cmd = ["taskset", "-c", cores, sys.executable, __file__, "--measure", str(so), dtype, "--calls", str(calls),
+           "--batch", str(batch), "--threads", str(threads)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(next(x for x in out.splitlines() if x.startswith(RESULT))[len(RESULT) :])
+
+
+def variants(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        built = build(Path(tmp))
+        built = build(Path(tmp), VARIANTS)
         for dtype in ("float32", "bfloat16"):
             best: dict[str, dict] = {}
             for _ in range(args.rounds):
                 for name, so in built.items():
-                    cmd = ["taskset", "-c", args.core, sys.executable, __file__, "--measure", str(so), dtype,
-                           "--calls", str(args.calls)]
-                    env = dict(os.environ, OMP_NUM_THREADS="1")
-                    line = next(x for x in subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                                          env=env).stdout.splitlines() if x.startswith(RESULT))
-                    r = json.loads(line[len(RESULT):])
+                    r = run_variant(so, dtype, args.calls, args.core)
                     if name not in best or r["ms"] < best[name]["ms"]:
                         best[name] = r
             base = best["portable"]["ms"]
@@ -116,6 +124,44 @@ def main() -> int:
             for name, r in best.items():
                 print(f"{dtype:9s} {name:20s} {r['ms']:7.3f} ms per layer call  {r['gb_s']:5.1f} GB/s  "
                       f"{base / r['ms']:5.2f}x the portable path", flush=True)
+
+
+def split(args: argparse.Namespace) -> None:
+    threads = len(args.cores.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        built = build(Path(tmp), SPLIT_VARIANTS)
+        print(f"float32, {threads} threads on cores {args.cores}, best of {args.rounds}: ms per layer call (GB/s)")
+        print(f"{'sequences':>9} " + " ".join(f"{name:>30}" for name in built) + "   ratio")
+        for batch in SPLIT_BATCHES:
+            best: dict[str, dict] = {}
+            for _ in range(args.rounds):
+                for name, so in built.items():
+                    r = run_variant(so, "float32", args.calls, args.cores, batch, threads)
+                    if name not in best or r["ms"] < best[name]["ms"]:
+                        best[name] = r
+            old, new = best["one thread below 32768 pairs"], best["shipped"]
+            cells = " ".join(f"{r['ms']:>21.3f} ({r['gb_s']:4.1f})" for r in best.values())
+            print(f"{batch:>9} {cells} {old['ms'] / new['ms']:6.2f}x", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; each variant's best is kept")
+    parser.add_argument("--calls", type=int, default=150)
+    parser.add_argument("--core", default="1")
+    parser.add_argument("--split", action="store_true", help="threads sharing a step (see above)")
+    parser.add_argument("--cores", default="0,1", help="--split: the cores, one thread each")
+    parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
+    parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        r = measure(Path(args.measure[0]), args.measure[1], args.calls, args.batch, args.threads)
+        print(RESULT + json.dumps(r), flush=True)
+    elif args.split:
+        split(args)
+    else:
+        variants(args)
     return 0
 
 

@@ -37,8 +37,20 @@ def projections(cfg: dict) -> list[tuple[int, int]]:
             (hidden, inter)]
 
 
+def workload_flops(cfg: dict, prompt_tokens: int, sequences: int, decode_rows: int) -> float:
+    """The weight-GEMM FLOPs of prefilling ``sequences`` prompts of ``prompt_tokens`` tokens in all and then
+    decoding ``decode_rows`` rows: every row through every layer's projections, except that the last layer
+    needs only Q/K/V for prompt rows that get no logits, and each prompt's last row and each decode row
+    through the LM head."""
+    per_layer = [2 * o * i for o, i in projections(cfg)]
+    layers, sampled = cfg["num_hidden_layers"], sequences + decode_rows
+    return (sum(per_layer) * layers * (prompt_tokens + decode_rows) - sum(per_layer[1:]) * (prompt_tokens - sequences)
+            + 2 * cfg["vocab_size"] * cfg["hidden_size"] * sampled)  # fmt: skip
+
+
 def floor_seconds(model: Path, dtype: torch.dtype, prompt_lens: list[int], output_len: int) -> dict:
-    """The workload's weight GEMMs, timed: seconds and GFLOP/s."""
+    """The workload's weight GEMMs, timed: seconds and GFLOP/s (``prefill_gflop_s``: the prompts' chunks
+    alone, oneDNN's best rate)."""
     from folio.engine.layers.linear import linear, pack_for_onednn, packs
 
     cfg = json.loads((model / "config.json").read_text())
@@ -78,12 +90,10 @@ def floor_seconds(model: Path, dtype: torch.dtype, prompt_lens: list[int], outpu
         for _ in range(sample):
             step(batch, batch)
         decode = (time.perf_counter() - start) / sample * (output_len - 1)
-    per_layer = [2 * o * i for o, i in shapes]
-    sampled = batch * output_len  # rows that get logits: each prompt's last, then every decode row
-    flops = (sum(per_layer) * (layers * (tokens + batch * (output_len - 1)))
-             - sum(per_layer[1:]) * (tokens - batch) + 2 * vocab * cfg["hidden_size"] * sampled)
     seconds = prefill + decode
-    return {"seconds": seconds, "prefill_seconds": prefill, "decode_seconds": decode, "gflop_s": flops / seconds / 1e9}
+    return {"seconds": seconds, "prefill_seconds": prefill, "decode_seconds": decode,
+            "gflop_s": workload_flops(cfg, tokens, batch, batch * (output_len - 1)) / seconds / 1e9,
+            "prefill_gflop_s": workload_flops(cfg, tokens, batch, 0) / prefill / 1e9}  # fmt: skip
 
 
 def workload_prompt_lens(model: str, num_prompts: int) -> list[int]:
@@ -104,12 +114,21 @@ def main() -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--model", type=Path, help="a model folder: its projections at --prompt-len (default: "
+                        "SmolLM2 and bench/throughput.py's prompts)")  # fmt: skip
+    parser.add_argument("--prompt-len", type=int, default=200, help="with --model: each prompt's tokens")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = prepare_model("smollm2")
-    lens = workload_prompt_lens("smollm2", args.num_prompts)
+    if args.model:
+        path, lens = args.model, [args.prompt_len] * args.num_prompts
+    else:
+        path, lens = prepare_model("smollm2"), workload_prompt_lens("smollm2", args.num_prompts)
     r = floor_seconds(path, getattr(torch, args.dtype), lens, args.output_len)
+    if args.json:
+        print(json.dumps(r))
+        return 0
     print(f"{args.dtype} on {torch.get_num_threads()} thread(s): weight GEMMs {r['seconds']:.2f} s "
           f"(prefill {r['prefill_seconds']:.2f} s, decode {r['decode_seconds']:.2f} s, {r['gflop_s']:.0f} GFLOP/s) "
           f"= {args.num_prompts * args.output_len / r['seconds']:.1f} output tok/s at most")

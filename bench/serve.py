@@ -198,22 +198,63 @@ def default_model() -> str:
     return str(smollm2_safetensors(cache))
 
 
-def vllm_client_level(peer: str, url: str, model: str, clients: int, args: argparse.Namespace,
+def prefix_cache_counts(url: str) -> tuple[float, float]:
+    """The server's prefix-cache (hits, queries) in prompt tokens: both servers export vLLM's counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"vllm:prefix_cache_hits": 0.0, "vllm:prefix_cache_queries": 0.0}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        if family.name in totals:
+            totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return totals["vllm:prefix_cache_hits"], totals["vllm:prefix_cache_queries"]
+
+
+def vllm_client_level(peer: str, url: str, model: str, clients: int, seed: int, args: argparse.Namespace,
                       workdir: Path) -> dict:  # fmt: skip
-    """One concurrency level of vLLM's benchmark client against ``url``; its JSON result."""
+    """One concurrency level of vLLM's benchmark client against ``url``; its JSON result, with the share of
+    prompt tokens the server's prefix cache served (``prefix_hit``).
+
+    Each level draws its own prompts (``seed``): with one seed for all, every level after the first would
+    send the prompts the server has cached, and the run would measure cache block sizes, not prefill."""
     from bench._peers import vllm_env
 
     name = f"{url.rsplit(':', 1)[1]}-{clients}.json"
+    hits, queries = prefix_cache_counts(url)
     cmd = [peer, str(ROOT / "bench" / "_vllm_bench_client.py"), "--backend", "openai", "--base-url", url,
            "--endpoint", "/v1/completions", "--model", "m", "--tokenizer", model, "--dataset-name", "random",
            "--random-input-len", str(args.input_len), "--random-output-len", str(args.max_tokens),
            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(clients), "--ignore-eos",
-           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--seed", "0",
+           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--seed", str(seed),
            "--save-result", "--result-dir", str(workdir), "--result-filename", name]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=vllm_env(None, 1), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"vLLM's benchmark client failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads((workdir / name).read_text())
+    result = json.loads((workdir / name).read_text())
+    hits_after, queries_after = prefix_cache_counts(url)
+    result["prefix_hit"] = (hits_after - hits) / max(queries_after - queries, 1.0)
+    return result
+
+
+def prefill_gflop_s(model: str, args: argparse.Namespace, threads: int) -> float:
+    """oneDNN's rate on the model's projections over prefill chunks, on the servers' cores and threads
+    (bench/gemm_floor.py, in a process of its own pinned as they are)."""
+    from bench._peers import pinned
+
+    cmd = [sys.executable, str(ROOT / "bench" / "gemm_floor.py"), "--model", model, "--dtype", args.dtype,
+           "--threads", str(threads), "--num-prompts", str(args.num_prompts), "--prompt-len", str(args.input_len),
+           "--output-len", "1", "--json"]  # fmt: skip
+    out = subprocess.run(pinned(cmd, args.cores), check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["prefill_gflop_s"]
+
+
+def floor_tok_s(cfg: dict, result: dict, gflop_s: float) -> float:
+    """The output tok/s of a level's requests were all their weight GEMMs to run at ``gflop_s`` and nothing
+    else take time: no engine running these GEMMs serves them faster."""
+    from bench.gemm_floor import workload_flops
+
+    done, outputs = result["completed"], result["total_output_tokens"]
+    flops = workload_flops(cfg, result["total_input_tokens"], done, outputs - done)
+    return outputs / (flops / gflop_s / 1e9)
 
 
 def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
@@ -234,6 +275,8 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
                             vllm_env(args.cores and args.cores.replace(",", "-") if args.cores else None, threads),
                             Path(tempfile.gettempdir())),
     }  # fmt: skip
+    gflop_s = prefill_gflop_s(model, args, threads)
+    cfg = json.loads((Path(model) / "config.json").read_text())
     results: dict[str, dict[int, dict]] = {}
     for name, (cmd, env, cwd) in servers.items():
         if name.split()[0].lower() not in args.servers:
@@ -247,24 +290,30 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
                                     stderr=subprocess.STDOUT, env=env, cwd=cwd)  # fmt: skip
         try:
             wait_healthy(proc, url, log)
-            results[name] = {c: vllm_client_level(str(peer), url, model, c, args, workdir) for c in args.clients}
+            results[name] = {c: vllm_client_level(str(peer), url, model, c, args.seed + i, args, workdir)
+                             for i, c in enumerate(args.clients)}  # fmt: skip
         finally:
             stop_server(proc)
     print(f"\nvLLM's serving benchmark: random {args.input_len} in / {args.max_tokens} out, "
           f"{args.num_prompts} prompts per level, {args.dtype}, cores {args.cores or 'any'}")  # fmt: skip
     print(f"{'server':>16} {'conc':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
-          f"{'tok/s':>7} {'failed':>6}")  # fmt: skip
+          f"{'tok/s':>7} {'failed':>6} {'cached':>6}")  # fmt: skip
     for name, levels in results.items():
         for c, r in levels.items():
             print(f"{name:>16} {c:>4} {r['p50_ttft_ms']:>7.0f}ms {r['p99_ttft_ms']:>7.0f}ms "
                   f"{r['p50_tpot_ms']:>7.1f}ms {r['p99_tpot_ms']:>7.1f}ms {r['output_throughput']:>7.1f} "
-                  f"{r['failed']:>6}")  # fmt: skip
+                  f"{r['failed']:>6} {r['prefix_hit']:>6.0%}")  # fmt: skip
+    print(f"weight-GEMM floor: {gflop_s:.0f} GFLOP/s (oneDNN on prefill chunks, these cores); each level's "
+          "tokens at that rate and nothing else:")  # fmt: skip
+    for c, r in next(iter(results.values())).items():
+        print(f"concurrency {c}: at most {floor_tok_s(cfg, r, gflop_s):.1f} output tok/s")
     if len(results) < 2:
         return
     ours, peer_levels = results["folio serve"], results["vLLM api_server"]
     for c in args.clients:
         a, b = ours[c], peer_levels[c]
-        print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's, "
+        print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's "
+              f"(the floor: {floor_tok_s(cfg, b, gflop_s) / b['output_throughput']:.2f}x), "
               f"TTFT p99 {a['p99_ttft_ms'] / b['p99_ttft_ms']:.2f}x")  # fmt: skip
 
 
@@ -287,6 +336,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=200, help="--vllm-client: random prompt length")
     parser.add_argument("--num-prompts", type=int, default=64, help="--vllm-client: prompts per level")
     parser.add_argument("--dtype", default="float32", help="--vllm-client: both servers' dtype")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="--vllm-client: the first level's prompt seed (each level takes the next)")
     parser.add_argument("--cores", help="--vllm-client: pin both servers to these CPUs (taskset -c, e.g. 0,1)")
     parser.add_argument("--servers", type=lambda s: s.split(","), default=["folio", "vllm"],
                         help="--vllm-client: which servers to measure (folio,vllm; one alone prints no ratios)")

@@ -268,8 +268,12 @@ static void *run_work(void *arg) {
     return NULL;
 }
 
-/* Below this many (query head x key) pairs a thread costs more to start than it saves. */
-#define MIN_PAIRS_PER_THREAD 32768
+/* Below this many (query head x key) pairs, about 10 us of work, waking a thread of the pool costs more than it
+ * saves. (At 32768, SmolLM2's 16 sequences of 200 tokens ran on one thread of two: 30 layers 9.7 ms, not 4.8;
+ * bench/decode_attention_cpu.py --split.) */
+#ifndef MIN_PAIRS_PER_THREAD
+#define MIN_PAIRS_PER_THREAD 1024
+#endif
 
 static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     int64_t total = 0, max_len = 0;

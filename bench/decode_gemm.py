@@ -2,12 +2,12 @@
 GEMM on the prepacked weight (what the engine runs otherwise), in the same run.
 
 One pass is every projection of SmolLM2's 30 layers (merged QKV, output, merged gate-up, down: 107 M
-weights) at 1, 2, 4, 8 and 16 rows, float32 and bfloat16 (bfloat16 only where oneDNN runs it prepacked);
+weights) at 1 to 32 rows, float32 and bfloat16 (bfloat16 only where oneDNN runs it prepacked);
 best of --repeat passes. The pass reads each weight once, so the table also prints the weights' bytes over
 the time (GB/s) next to a plain `sum` over the same bytes, the rate a pass over memory reaches here.
 
 With ``--engine-steps`` it times whole engine decode steps too (SmolLM2 float32, sampled at temperature 1
-as a served request is, so the LM head counts; ~200-token contexts): the median of 40 steps at 1 and 8
+as a served request is, so the LM head counts; ~200-token contexts): the median of 40 steps at 1 to 32
 sequences, with the panels and without (`folio.engine.layers.linear.DECODE_PANELS`), in this process.
 
     .venv/bin/python bench/decode_gemm.py [--threads 2] [--repeat 7] [--engine-steps]
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 # SmolLM2-135M's projections, [out, in]: merged QKV (9 + 2 * 3 heads of 64), output, merged gate-up, down
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
 
 
 def best_seconds(fn: Callable[[], object], repeat: int) -> float:
@@ -114,7 +114,7 @@ def main() -> None:
             print(f"{dtype!s:>9}: oneDNN does not run it prepacked on this CPU; skipped")
     if args.engine_steps:
         print("engine decode steps, SmolLM2 float32, sampled, median of 40:")
-        for sequences in (1, 8):
+        for sequences in (1, 8, 16, 32):
             off, on = engine_step_ms(False, sequences), engine_step_ms(True, sequences)
             print(f"  {sequences} sequence(s): {off:.1f} ms on oneDNN, {on:.1f} ms with the panels: {off / on:.2f}x")
 

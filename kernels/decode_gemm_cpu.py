@@ -22,12 +22,12 @@ except ImportError:  # built without a C compiler: callers keep oneDNN
 AVAILABLE = _cpu_decode_gemm is not None and bool(_cpu_decode_gemm.available())
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 PANEL = 16  # weight rows per panel: one AVX-512 vector of float32 outputs
-MAX_ROWS = 16  # the most rows the kernel takes
+MAX_ROWS = 32  # the most rows the kernel takes
 # Up to how many rows it beats oneDNN (bench/decode_gemm.py, two cores of the Zen 4 development machine): in
-# float32 1.2-1.5x at 1-2 rows, 1.1-1.3x at 4-8, even at 16; bfloat16 1.3-1.5x at 1-2 rows, 0.95-1.1x at 4
-# and behind from 8 on, where oneDNN's AVX512-BF16 dot products double the multiply rate of the kernel's
-# widened float32.
-FASTER_UP_TO = {torch.float32: 8, torch.bfloat16: 2}
+# float32 1.4-1.5x at 1-2 rows, 1.2x at 4-16 and 1.1x at 24-32 (one-panel tiles of 16 rows from 9 on: served
+# steps of 16 and 32 sequences 5-12% more output); bfloat16 1.3-1.5x at 1-2 rows, 0.95-1.1x at 4 and behind
+# from 8 on, where oneDNN's AVX512-BF16 dot products double the multiply rate of the kernel's widened float32.
+FASTER_UP_TO = {torch.float32: 32, torch.bfloat16: 2}
 if _cpu_decode_gemm is not None:
     share_torch_threads(_cpu_decode_gemm)
 

@@ -6,9 +6,13 @@
  * where a plain sum over the same bytes reaches 31. This kernel reads the weights as one sequential stream
  * per thread, in a layout of its own ("panels": W's rows 16 at a time, [N/16][K][16], made by the Python
  * wrapper, folio.kernels.decode_gemm_cpu), prefetched ahead, and broadcasts each row of x across the 16
- * output columns of a panel, so that no horizontal sum is needed. Two panels at a time, up to 8 rows of
- * x per pass (16 accumulators), each weight row once from memory per 8 rows. bench/decode_gemm.py has the
- * rates: float32 1.1-1.5x oneDNN's up to 8 rows, even at 16; bfloat16 1.3-1.5x up to 2 rows.
+ * output columns of a panel, so that no horizontal sum is needed. Up to 8 rows, where the weights' bytes
+ * bound the time: two panels at a time and up to 8 rows of x per pass (16 accumulators), two streams of
+ * weights in flight. From 9 rows on the multiply-adds bound it as much as the bytes do (Zen 4 issues one
+ * 512-bit multiply-add a cycle): one panel at a time and up to 16 rows per pass (16 accumulators), so each
+ * weight comes from memory once and serves all 16 rows, where two 8-row passes over two panels read it once
+ * from memory and once more from L2; a second pass takes rows 17-32 from L2. bench/decode_gemm.py has the
+ * rates against oneDNN's.
  *
  * Arithmetic: float32 multiply-adds (fused), bfloat16 weights and rows widened exactly to float32, the sum
  * over K in order for each output, the bias added last and a bfloat16 result rounded to nearest even once.
@@ -29,8 +33,9 @@
 #include "cpu_vec.h"
 
 #define PANEL 16     /* output columns per panel: one AVX-512 vector of float32 */
-#define MAX_ROWS 16  /* rows of x this kernel takes; larger batches go to oneDNN */
-#define TILE_ROWS 8  /* rows of x per register tile: 2 panels x 8 rows = 16 accumulators */
+#define MAX_ROWS 32  /* rows of x this kernel takes; larger batches go to oneDNN */
+#define TILE_ROWS 8  /* rows of x per register tile of two panels: 2 x 8 = 16 accumulators */
+#define WIDE_ROWS 16 /* rows of x per register tile of one panel, from 9 rows on: 16 accumulators */
 #define PREFETCH 128 /* panel rows (k) ahead to prefetch: 8 KiB of float32 */
 
 typedef struct {
@@ -112,7 +117,49 @@ VFN void tile(const Gemm *g, int64_t panel, const int count, int64_t r0, const i
     default: tile(g, panel, count, r0, 8, bf16); break;                                                      \
     }
 
+/* Rows [r0, r0 + rows) of x (rows <= 16, a compile-time constant where inlined) against one panel. */
+VFN void tile_wide(const Gemm *g, int64_t panel, int64_t r0, const int rows, const int bf16) {
+    const void *p = (const char *)g->panels + panel * g->k * PANEL * (bf16 ? 2 : 4);
+    vf a[WIDE_ROWS];
+    for (int r = 0; r < rows; ++r) a[r] = vzero();
+    for (int64_t k = 0; k < g->k; ++k) {
+        if ((k & 3) == 0) prefetch(p, k, bf16);
+        const vf w = panel_row(p, k, bf16);
+        const float *xk = g->xt + k * g->m + r0;
+        for (int r = 0; r < rows; ++r) a[r] = vfmadd(w, vset1(xk[r]), a[r]);
+    }
+    for (int r = 0; r < rows; ++r) put(g, r0 + r, panel * PANEL, a[r], bf16);
+}
+
+#define WIDE_CASES                                                                                           \
+    switch (rows) {                                                                                          \
+    case 1: tile_wide(g, panel, r0, 1, bf16); break;                                                         \
+    case 2: tile_wide(g, panel, r0, 2, bf16); break;                                                         \
+    case 3: tile_wide(g, panel, r0, 3, bf16); break;                                                         \
+    case 4: tile_wide(g, panel, r0, 4, bf16); break;                                                         \
+    case 5: tile_wide(g, panel, r0, 5, bf16); break;                                                         \
+    case 6: tile_wide(g, panel, r0, 6, bf16); break;                                                         \
+    case 7: tile_wide(g, panel, r0, 7, bf16); break;                                                         \
+    case 8: tile_wide(g, panel, r0, 8, bf16); break;                                                         \
+    case 9: tile_wide(g, panel, r0, 9, bf16); break;                                                         \
+    case 10: tile_wide(g, panel, r0, 10, bf16); break;                                                       \
+    case 11: tile_wide(g, panel, r0, 11, bf16); break;                                                       \
+    case 12: tile_wide(g, panel, r0, 12, bf16); break;                                                       \
+    case 13: tile_wide(g, panel, r0, 13, bf16); break;                                                       \
+    case 14: tile_wide(g, panel, r0, 14, bf16); break;                                                       \
+    case 15: tile_wide(g, panel, r0, 15, bf16); break;                                                       \
+    default: tile_wide(g, panel, r0, 16, bf16); break;                                                       \
+    }
+
 VFN void panels(const Gemm *g, const int bf16) {
+    if (g->m > TILE_ROWS) {
+        for (int64_t panel = g->first; panel < g->last; ++panel)
+            for (int64_t r0 = 0; r0 < g->m; r0 += WIDE_ROWS) {
+                const int rows = (int)(g->m - r0 < WIDE_ROWS ? g->m - r0 : WIDE_ROWS);
+                WIDE_CASES
+            }
+        return;
+    }
     for (int64_t panel = g->first; panel < g->last;) {
         /* two panels per pass: two streams of weights in flight, and half the broadcasts of x per weight */
         const int count = panel + 1 < g->last ? 2 : 1;

@@ -39,7 +39,9 @@ def test_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with_bias
     w = torch.randn(n, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
     panels = pack(w)
-    for m in (1, 2, 3, 4, 5, 8, 9, 16):  # one row, single tiles, two tiles of eight and a short second one
+    # One row, two-panel tiles of up to eight; from nine on one-panel tiles of up to 16, a second pass short
+    # (17, 23) or full (32)
+    for m in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 23, 32):
         wide = torch.randn(m, k + 5, generator=g).to(dtype)
         x = wide[:, 2 : 2 + k]  # rows further apart than they are long
         got = decode_gemm(x, panels, bias)
@@ -48,9 +50,10 @@ def test_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with_bias
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_split_over_threads_does_not_change_the_result(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("rows", [6, 20])  # two-panel tiles, one-panel tiles
+def test_the_split_over_threads_does_not_change_the_result(dtype: torch.dtype, rows: int) -> None:
     g = torch.Generator().manual_seed(3)
-    w, x = torch.randn(1000, 576, generator=g).to(dtype), torch.randn(6, 576, generator=g).to(dtype)
+    w, x = torch.randn(1000, 576, generator=g).to(dtype), torch.randn(rows, 576, generator=g).to(dtype)
     panels = pack(w)
     threads = torch.get_num_threads()
     try:

@@ -12,11 +12,13 @@ variant's speed against the portable one.
     .venv/bin/python bench/decode_attention_cpu.py [--rounds 2] [--core 1]
 
 With ``--split`` it measures instead how the shipped kernel shares a step among threads: ``--cores`` (default
-0,1) with a thread each, on torch's OpenMP pool as in the engine, 1 to 32 sequences, against the kernel built
-with the old bar for starting a second thread (32768 query-head x key pairs, which kept SmolLM2's 16 and 32
-sequences of 200 tokens on one thread).
+0,1) with a thread each, on torch's OpenMP pool as in the engine, 1 to 32 sequences of ``--context`` tokens
+(default 100-300), against the kernel built with the old bar for starting a second thread (32768 query-head x
+key pairs, which kept SmolLM2's 16 and 32 sequences of 200 tokens on one thread) and against the kernel
+that never splits a context (with fewer sequences than threads, the shipped one runs each context in parts,
+a thread each, and merges them).
 
-    .venv/bin/python bench/decode_attention_cpu.py --split [--cores 0,1]
+    .venv/bin/python bench/decode_attention_cpu.py --split [--cores 0,1] [--context 1000-3000]
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "csrc" / "paged_decode_cpu.c"
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=c11", "-pthread"]  # setup.py's
 VARIANTS = {"portable": ["-DFOLIO_PORTABLE_ONLY"], "vector, no prefetch": ["-DFOLIO_NO_PREFETCH"], "shipped": []}
-SPLIT_VARIANTS = {"one thread below 32768 pairs": ["-DMIN_PAIRS_PER_THREAD=32768"], "shipped": []}
+SPLIT_VARIANTS = {"one thread below 32768 pairs": ["-DMIN_PAIRS_PER_THREAD=32768"],
+                  "no context split": ["-DFOLIO_NO_CONTEXT_SPLIT"], "shipped": []}  # fmt: skip
 SPLIT_BATCHES = (1, 2, 4, 8, 16, 32)
 BATCH, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
+NUM_BLOCKS = (2 << 30) // (2 * BLOCK * KV_HEADS * HEAD_DIM * 4 * LAYERS)  # each layer's pages of a 2 GiB cache
 RESULT = "FOLIO_BENCH_RESULT "
 
 
@@ -54,7 +58,8 @@ def build(out_dir: Path, variants: dict[str, list[str]]) -> dict[str, Path]:
     return built
 
 
-def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: int = 1) -> dict:
+def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: int = 1,
+            context: tuple[int, int] = (100, 300)) -> dict:  # fmt: skip
     """ms per layer call of the variant at ``so`` over ``batch`` sequences (run in a process of its own)."""
     import importlib.machinery
     import importlib.util
@@ -74,11 +79,11 @@ def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: 
         share_torch_threads(kernel)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     g = torch.Generator().manual_seed(0)
-    num_blocks = (2 << 30) // (2 * BLOCK * KV_HEADS * HEAD_DIM * 4 * LAYERS)
+    num_blocks = NUM_BLOCKS
     caches = [(torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype),
                torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)) for _ in range(LAYERS)]
-    lens = torch.randint(100, 301, (batch,), generator=g, dtype=torch.int32)
-    per_seq = 300 // BLOCK + 1
+    lens = torch.randint(context[0], context[1] + 1, (batch,), generator=g, dtype=torch.int32)
+    per_seq = context[1] // BLOCK + 1
     tables = torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq).to(torch.int32)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).to(dtype)
     out = torch.empty_like(q)
@@ -100,9 +105,10 @@ def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: 
     return {"ms": seconds * 1e3, "gb_s": read / seconds / 1e9, "simd": kernel.simd()}
 
 
-def run_variant(so: Path, dtype: str, calls: int, cores: str, batch: int = BATCH, threads: int = 1) -> dict:
+def run_variant(so: Path, dtype: str, calls: int, cores: str, batch: int = BATCH, threads: int = 1,
+                context: str = "100-300") -> dict:  # fmt: skip
     cmd = ["taskset", "-c", cores, sys.executable, __file__, "--measure", str(so), dtype, "--calls", str(calls),
-           "--batch", str(batch), "--threads", str(threads)]  # fmt: skip
+           "--batch", str(batch), "--threads", str(threads), "--context", context]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(next(x for x in out.splitlines() if x.startswith(RESULT))[len(RESULT) :])
@@ -130,18 +136,22 @@ def split(args: argparse.Namespace) -> None:
     threads = len(args.cores.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         built = build(Path(tmp), SPLIT_VARIANTS)
-        print(f"float32, {threads} threads on cores {args.cores}, best of {args.rounds}: ms per layer call (GB/s)")
-        print(f"{'sequences':>9} " + " ".join(f"{name:>30}" for name in built) + "   ratio")
-        for batch in SPLIT_BATCHES:
+        print(f"float32, {threads} threads on cores {args.cores}, contexts of {args.context} tokens, best of "
+              f"{args.rounds}: ms per layer call (GB/s), and the shipped kernel's speed against each other one")  # fmt: skip
+        others = [name for name in built if name != "shipped"]
+        print(f"{'sequences':>9} " + " ".join(f"{name:>30}" for name in built) + "   " +
+              " ".join(f"vs {name}" for name in others))  # fmt: skip
+        longest = int(args.context.split("-")[1])
+        for batch in (b for b in SPLIT_BATCHES if b * (longest // BLOCK + 1) <= NUM_BLOCKS):  # the cache holds them
             best: dict[str, dict] = {}
             for _ in range(args.rounds):
                 for name, so in built.items():
-                    r = run_variant(so, "float32", args.calls, args.cores, batch, threads)
+                    r = run_variant(so, "float32", args.calls, args.cores, batch, threads, args.context)
                     if name not in best or r["ms"] < best[name]["ms"]:
                         best[name] = r
-            old, new = best["one thread below 32768 pairs"], best["shipped"]
             cells = " ".join(f"{r['ms']:>21.3f} ({r['gb_s']:4.1f})" for r in best.values())
-            print(f"{batch:>9} {cells} {old['ms'] / new['ms']:6.2f}x", flush=True)
+            ratios = " ".join(f"{best[name]['ms'] / best['shipped']['ms']:>{len(name) + 2}.2f}x" for name in others)
+            print(f"{batch:>9} {cells}   {ratios}", flush=True)
 
 
 def main() -> int:
@@ -151,12 +161,14 @@ def main() -> int:
     parser.add_argument("--core", default="1")
     parser.add_argument("--split", action="store_true", help="threads sharing a step (see above)")
     parser.add_argument("--cores", default="0,1", help="--split: the cores, one thread each")
+    parser.add_argument("--context", default="100-300", help="--split: each sequence's tokens, LO-HI")
     parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        r = measure(Path(args.measure[0]), args.measure[1], args.calls, args.batch, args.threads)
+        lo, hi = (int(x) for x in args.context.split("-"))
+        r = measure(Path(args.measure[0]), args.measure[1], args.calls, args.batch, args.threads, (lo, hi))
         print(RESULT + json.dumps(r), flush=True)
     elif args.split:
         split(args)

@@ -227,13 +227,14 @@ VFN vf V(vexp_nonpositive)(vf x) {
 }
 
 /* exp(s[l] - max(s)) in place over s[0 .. len-1]; returns 1 / their sum (the softmax's normalizer, for the
- * caller to apply once to its weighted sum). */
-VFN float V(vsoftmax_row)(float *s, int64_t len) {
+ * caller to apply once to its weighted sum) and sets *max to max(s) (a split context's parts merge by it). */
+VFN float V(vsoftmax_row_max)(float *s, int64_t len, float *max) {
     vf m = vset1(-INFINITY);
     int64_t l = 0;
     for (; l + VW <= len; l += VW) m = vmax(m, vloadu(s + l));
     if (l < len) m = vmax(m, V(vload_first_or)(s + l, len - l, m));
-    const vf mx = vset1(V(vreduce_max)(m));
+    *max = V(vreduce_max)(m);
+    const vf mx = vset1(*max);
     vf sum = vzero();
     for (l = 0; l + VW <= len; l += VW) {
         const vf e = V(vexp_nonpositive)(vsub(vloadu(s + l), mx));
@@ -246,6 +247,12 @@ VFN float V(vsoftmax_row)(float *s, int64_t len) {
         sum = vadd(sum, e);
     }
     return 1.0f / V(vreduce_add)(sum);
+}
+
+/* vsoftmax_row_max without the maximum. */
+VFN float V(vsoftmax_row)(float *s, int64_t len) {
+    float max;
+    return V(vsoftmax_row_max)(s, len, &max);
 }
 
 /* VW values as float32 from a float32 or bfloat16 array; `bf16` is a compile-time constant where inlined. */
@@ -284,6 +291,7 @@ VFN void V(vstore)(void *base, int64_t i, vf x, const int bf16) {
 #define vpow2i V(vpow2i)
 #define vexp_nonpositive V(vexp_nonpositive)
 #define vsoftmax_row V(vsoftmax_row)
+#define vsoftmax_row_max V(vsoftmax_row_max)
 #define vload V(vload)
 #define vbf16_bits V(vbf16_bits)
 #define vstore_u16 V(vstore_u16)

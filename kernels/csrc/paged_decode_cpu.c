@@ -12,7 +12,9 @@
  * path (paged_decode_simd.h) built for AVX-512 and for AVX2, whichever the CPU has (bfloat16 widened to
  * float32 as it is loaded); other head_dims and CPUs a portable path the compiler vectorizes for
  * AVX-512/AVX2/baseline. Sequences are split across threads by context length, on torch's
- * own OpenMP workers when the wrapper finds them (else pthreads). The GIL is released while it runs.
+ * own OpenMP workers when the wrapper finds them (else pthreads); with at most half as many sequences as
+ * threads, the vector path splits each context into runs of keys, one thread each, and merges their partial
+ * softmaxes after (flash-decoding): one long chat no longer decodes on one core. The GIL is released while it runs.
  * Single-core speed is bounded by memory: K/V are read once, nothing is written but the output.
  *
  * No torch headers: the Python wrapper (folio.kernels.decode_attention_cpu) checks shapes, dtypes and
@@ -46,6 +48,10 @@ typedef struct {
     int64_t first, last; /* sequences [first, last) */
     int64_t max_len;
     int failed; /* FAIL_* */
+    /* one part of a split context (first + 1 == last): keys [lo, end) of sequence `first`, its results into
+     * `partial` (each head's maximum, exp-sum, unnormalized values: PART_FLOATS); NULL: whole sequences */
+    int64_t lo, end;
+    float *partial;
 } Work;
 
 enum { FAIL_NONE = 0, FAIL_MEMORY = 1, FAIL_BLOCK = 2, FAIL_LENGTH = 3 };
@@ -182,8 +188,8 @@ typedef struct {
     int64_t row_bytes, bytes, issued;
 } Ahead;
 
-static inline void ahead_start(Ahead *a, const Problem *p, int64_t b, int64_t elem) {
-    const int64_t end = p->context_lens[b], lo = first_key(p, end), row_bytes = p->kv_heads * p->head_dim * elem;
+static inline void ahead_start(Ahead *a, const Problem *p, int64_t b, int64_t lo, int64_t end, int64_t elem) {
+    const int64_t row_bytes = p->kv_heads * p->head_dim * elem;
     *a = (Ahead){p, b, lo, end, row_bytes, 2 * (end - lo) * row_bytes, 0};
 }
 
@@ -212,7 +218,7 @@ __attribute__((always_inline)) static inline void ahead_upto(Ahead *a, int64_t u
 #endif
 }
 
-typedef int (*attend_vec_fn)(const Problem *, int64_t, float *, float *, Ahead *);
+typedef int (*attend_vec_fn)(const Problem *, int64_t, int64_t, int64_t, float *, float *, Ahead *, float *);
 
 #define FOLIO_SIMD 512
 #include "cpu_simd.h"
@@ -248,14 +254,27 @@ static void *run_work(void *arg) {
     if (fast) {
         const int64_t elem = p->dtype == DTYPE_BF16 ? 2 : 4;
         Ahead next;
+        if (w->partial) { /* one part of a context: its rows asked for at once, nothing after it */
+            ahead_start(&next, p, w->first, w->lo, w->end, elem);
+            ahead_upto(&next, next.bytes);
+            next.bytes = next.issued = 0;
+            w->failed = fast(p, w->first, w->lo, w->end, scores, qs, &next, w->partial);
+            free(buf);
+            return NULL;
+        }
         for (int64_t b = w->first; b < w->last && !w->failed; ++b) {
+            const int64_t end = p->context_lens[b];
             if (b == w->first) { /* nothing ran before the first: its own rows are asked for at once */
-                ahead_start(&next, p, b, elem);
+                ahead_start(&next, p, b, first_key(p, end), end, elem);
                 ahead_upto(&next, next.bytes);
             }
-            if (b + 1 < w->last) ahead_start(&next, p, b + 1, elem);
-            else next.bytes = next.issued = 0;
-            w->failed = fast(p, b, scores, qs, &next);
+            if (b + 1 < w->last) {
+                const int64_t next_end = p->context_lens[b + 1];
+                ahead_start(&next, p, b + 1, first_key(p, next_end), next_end, elem);
+            } else {
+                next.bytes = next.issued = 0;
+            }
+            w->failed = fast(p, b, first_key(p, end), end, scores, qs, &next, NULL);
         }
         free(buf);
         return NULL;
@@ -275,6 +294,63 @@ static void *run_work(void *arg) {
 #define MIN_PAIRS_PER_THREAD 1024
 #endif
 
+/* A part's results: each head's score maximum and exp-sum, then its unnormalized weighted values. */
+#define PART_FLOATS(p) (2 * (p)->heads + (p)->heads * (p)->head_dim)
+
+/* Sequence b's output from its `parts` parts (flash-decoding's merge): each part's values and exp-sum
+ * rescaled from its own maximum to the overall one, summed, then normalized once. */
+static void merge_parts(const Problem *p, int64_t b, const float *partial, int64_t parts) {
+    const int64_t heads = p->heads, dim = p->head_dim, stride = PART_FLOATS(p);
+    for (int64_t h = 0; h < heads; ++h) {
+        float m = -INFINITY, sum = 0.0f, scale[MAX_THREADS];
+        for (int64_t i = 0; i < parts; ++i) m = fmaxf(m, partial[i * stride + h]);
+        for (int64_t i = 0; i < parts; ++i) {
+            scale[i] = expf(partial[i * stride + h] - m);
+            sum += scale[i] * partial[i * stride + heads + h];
+        }
+        const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
+        for (int64_t d = 0; d < dim; ++d) {
+            float x = 0.0f;
+            for (int64_t i = 0; i < parts; ++i) x += scale[i] * partial[i * stride + 2 * heads + h * dim + d];
+            x /= sum;
+            if (p->dtype == DTYPE_F32) ((float *)p->out)[o + d] = x;
+            else ((uint16_t *)p->out)[o + d] = f32_to_bf16(x);
+        }
+    }
+}
+
+/* Fewer sequences than threads: each context split into `parts` runs of keys, one thread each, merged after.
+ * Only on the vector path, for contexts long enough that each part is worth a thread. */
+static int run_split(const Problem *p, int64_t batch, int threads) {
+    int64_t parts = threads / batch, max_part = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = p->context_lens[b] - first_key(p, p->context_lens[b]);
+        const int64_t useful = len * p->heads / MIN_PAIRS_PER_THREAD;
+        parts = useful < parts ? useful : parts;
+    }
+    if (parts < 2) return -1; /* not worth it: the caller runs whole sequences */
+    float *partial = malloc(sizeof(float) * (size_t)(batch * parts * PART_FLOATS(p)));
+    if (!partial) return FAIL_MEMORY;
+    Work work[MAX_THREADS];
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t end = p->context_lens[b], lo = first_key(p, end), len = end - lo;
+        for (int64_t i = 0; i < parts; ++i) {
+            const int64_t from = lo + len * i / parts, to = lo + len * (i + 1) / parts;
+            max_part = to - from > max_part ? to - from : max_part;
+            work[b * parts + i] = (Work){p, b, b + 1, 0, FAIL_NONE, from, to,
+                                         partial + (b * parts + i) * PART_FLOATS(p)};
+        }
+    }
+    for (int64_t i = 0; i < batch * parts; ++i) work[i].max_len = max_part;
+    run_shares(run_work, work, sizeof(Work), (int)(batch * parts));
+    int failed = FAIL_NONE;
+    for (int64_t i = 0; i < batch * parts && !failed; ++i) failed = work[i].failed;
+    if (!failed)
+        for (int64_t b = 0; b < batch; ++b) merge_parts(p, b, partial + b * parts * PART_FLOATS(p), parts);
+    free(partial);
+    return failed;
+}
+
 static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     int64_t total = 0, max_len = 0;
     for (int64_t b = 0; b < batch; ++b) /* a longer context would read past its block table */
@@ -284,15 +360,21 @@ static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
         total += len;
         max_len = len > max_len ? len : max_len;
     }
-    int64_t useful = total * p->heads / MIN_PAIRS_PER_THREAD;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
+#if defined(HAVE_VECTOR_PATH) && !defined(FOLIO_NO_CONTEXT_SPLIT) /* the switch: bench/decode_attention_cpu.py */
+    if (batch > 0 && 2 * batch <= threads && pick_vector(p)) {
+        const int rc = run_split(p, batch, threads);
+        if (rc >= 0) return rc;
+    }
+#endif
+    int64_t useful = total * p->heads / MIN_PAIRS_PER_THREAD;
     if (threads > useful) threads = useful > 1 ? (int)useful : 1;
     if (threads > batch) threads = (int)(batch > 0 ? batch : 1);
 
     Work work[MAX_THREADS];
     int64_t b = 0, seen = 0;
     for (int i = 0; i < threads; ++i) { /* contiguous ranges of about equal total context */
-        work[i] = (Work){p, b, b, max_len, FAIL_NONE};
+        work[i] = (Work){p, b, b, max_len, FAIL_NONE, 0, 0, NULL};
         const int64_t goal = total * (i + 1) / threads;
         while (b < batch && (i == threads - 1 || seen < goal)) {
             seen += p->context_lens[b] - first_key(p, p->context_lens[b]);

@@ -1,14 +1,15 @@
 /* The vector path of paged decode attention (paged_decode_cpu.c), written once in cpu_simd.h's ops and
  * included once per instruction set: head_dim a multiple of VW (up to 256), float32 or bfloat16 (widened on
- * load, so the arithmetic is float32 either way). Works page by page so that a page's rows stay in L1 while
+ * load, so the arithmetic is float32 either way), over keys [lo, end) of a sequence: all of them (the output
+ * normalized) or one part of a split context (``partial``: each head's score maximum, exp-sum and
+ * unnormalized weighted values, for merge_parts). Works page by page so that a page's rows stay in L1 while
  * each query head runs over them with its query (pass 1) or accumulator (pass 2) held in registers. Same
  * arithmetic as attend_seq up to summation order. Defines V(pick_attend). */
 
-VFN int V(attend)(const Problem *p, int64_t b, float *scores, float *norms, Ahead *next, const int64_t dim,
-                  const int bf16) {
+VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *scores, float *norms, Ahead *next,
+                  float *partial, const int64_t dim, const int bf16) {
     const int64_t heads = p->heads, kv_heads = p->kv_heads, bs = p->block_size;
-    const int64_t group = heads / kv_heads, row = kv_heads * dim, end = p->context_lens[b], nv = dim / VW;
-    const int64_t lo = first_key(p, end), len = end - lo;
+    const int64_t group = heads / kv_heads, row = kv_heads * dim, nv = dim / VW, len = end - lo;
     const int32_t *table = p->block_tables + b * p->table_stride;
     for (int64_t i = lo / bs; i * bs < end; ++i)
         if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
@@ -39,7 +40,15 @@ VFN int V(attend)(const Problem *p, int64_t b, float *scores, float *norms, Ahea
         }
         start += n;
     }
-    for (int64_t h = 0; h < heads; ++h) norms[h] = vsoftmax_row(scores + h * len, len); /* in place */
+    float *maxes = partial, *sums = partial + heads, *accs = partial + 2 * heads; /* a part's results */
+    for (int64_t h = 0; h < heads; ++h) { /* in place */
+        if (partial) {
+            norms[h] = vsoftmax_row_max(scores + h * len, len, &maxes[h]);
+            sums[h] = 1.0f / norms[h];
+        } else {
+            norms[h] = vsoftmax_row(scores + h * len, len);
+        }
+    }
     for (int64_t h = 0; h < heads; ++h) { /* pass 2: weighted values, the accumulator in registers */
         vf acc[256 / VW];
         for (int64_t i = 0; i < nv; ++i) acc[i] = vzero();
@@ -55,6 +64,10 @@ VFN int V(attend)(const Problem *p, int64_t b, float *scores, float *norms, Ahea
             done += n;
             ahead_upto(next, next->bytes * done / units);
         }
+        if (partial) { /* unnormalized: merge_parts scales and sums the parts */
+            for (int64_t i = 0; i < nv; ++i) vstoreu(accs + h * dim + VW * i, acc[i]);
+            continue;
+        }
         const vf norm = vset1(len > 0 ? norms[h] : 0.0f);
         const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
         for (int64_t i = 0; i < nv; ++i) vstore(p->out, o + VW * i, vmul(acc[i], norm), bf16);
@@ -64,12 +77,18 @@ VFN int V(attend)(const Problem *p, int64_t b, float *scores, float *norms, Ahea
 
 /* Entry points per dtype and head_dim: with the head_dim known at compile time the query and accumulator
  * vectors stay in registers (indexed by a variable they would live on the stack, several times slower). */
-VENTRY int V(attend_f32_64)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, 64, 0); }
-VENTRY int V(attend_f32_128)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, 128, 0); }
-VENTRY int V(attend_f32_any)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, p->head_dim, 0); }
-VENTRY int V(attend_bf16_64)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, 64, 1); }
-VENTRY int V(attend_bf16_128)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, 128, 1); }
-VENTRY int V(attend_bf16_any)(const Problem *p, int64_t b, float *s, float *n, Ahead *a) { return V(attend)(p, b, s, n, a, p->head_dim, 1); }
+#define ATTEND_ENTRY(name, dim, bf16)                                                                        \
+    VENTRY int V(name)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *s, float *n, Ahead *a,         \
+                       float *partial) {                                                                         \
+        return V(attend)(p, b, lo, end, s, n, a, partial, dim, bf16);                                            \
+    }
+ATTEND_ENTRY(attend_f32_64, 64, 0)
+ATTEND_ENTRY(attend_f32_128, 128, 0)
+ATTEND_ENTRY(attend_f32_any, p->head_dim, 0)
+ATTEND_ENTRY(attend_bf16_64, 64, 1)
+ATTEND_ENTRY(attend_bf16_128, 128, 1)
+ATTEND_ENTRY(attend_bf16_any, p->head_dim, 1)
+#undef ATTEND_ENTRY
 
 static attend_vec_fn V(pick_attend)(const Problem *p) {
     const int bf16 = p->dtype == DTYPE_BF16;

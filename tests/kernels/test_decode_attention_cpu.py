@@ -81,6 +81,44 @@ def test_threads_split_the_batch_without_changing_results(threads: int) -> None:
     torch.testing.assert_close(multi, paged_decode_attention(*args, backend="reference"), **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("lens", "threads", "window"),
+    [([900], 2, None), ([901], 4, None), ([700, 1000], 4, None), ([333, 1000, 17], 8, None), ([900], 3, 300),
+     ([1000], 8, 129), ([120], 2, None)],
+)  # fmt: skip
+def test_few_sequences_split_their_contexts_over_threads(
+    dtype: torch.dtype, lens: list[int], threads: int, window: int | None
+) -> None:
+    # Fewer sequences than threads: each long context runs in parts, one thread each, merged by their maxima
+    # (the last case is too short to split). SmolLM2's heads: 9 query heads on 3 KV heads of 64.
+    kv = make_paged_kv(lens, 16, 3, 64, dtype, "cpu")
+    q = torch.randn(len(lens), 9, 64).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 64**-0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = paged_decode_attention(*args, window=window, backend="native")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, paged_decode_attention(*args, window=window, backend="reference"), **TOL[dtype])
+
+
+def test_a_bad_block_id_in_a_split_context_is_refused() -> None:
+    kv = make_paged_kv([900], 16, 3, 64, torch.float32, "cpu")
+    q = torch.randn(1, 9, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for page in (2, 50):  # in the first part, in the second
+            tables = kv.block_tables.clone()
+            tables[0, page] = kv.k_cache.shape[0]
+            with pytest.raises(ValueError, match="block id outside"):
+                paged_decode_attention(q, kv.k_cache, kv.v_cache, tables, kv.context_lens, 0.125, backend="native")
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_block_id_outside_the_cache_is_refused_not_read() -> None:
     kv = make_paged_kv([20, 5], 16, 1, 64, torch.float32, "cpu")
     tables = kv.block_tables.clone()

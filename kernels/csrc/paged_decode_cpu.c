@@ -319,7 +319,7 @@ static void merge_parts(const Problem *p, int64_t b, const float *partial, int64
     }
 }
 
-/* Fewer sequences than threads: each context split into `parts` runs of keys, one thread each, merged after.
+/* At most half as many sequences as threads: each context in `parts` runs of keys, a thread each, merged after.
  * Only on the vector path, for contexts long enough that each part is worth a thread. */
 static int run_split(const Problem *p, int64_t batch, int threads) {
     int64_t parts = threads / batch, max_part = 0;

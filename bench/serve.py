@@ -15,6 +15,9 @@ With ``--vllm-client`` the load comes from vLLM's own serving benchmark (`vllm.b
 peer venv of `make bench-peers`: random dataset, ``--input-len`` in / ``--max-tokens`` out, ``--num-prompts``
 prompts per concurrency level) against `folio serve` and against vLLM's OpenAI server on the same model,
 dtype and cores, one after the other: TTFT and TPOT p50/p99, output tok/s, failed requests, and the ratios.
+Each level sends prompts of its own (``--seed``, then the next seed per level) and prints the share of prompt
+tokens the server's prefix cache served (``cached``); the weight-GEMM floor beside them is the output tok/s of
+an engine that spent each level in its weight GEMMs at oneDNN's prefill rate on the same cores and nothing else.
 
     .venv/bin/python bench/serve.py --vllm-client --clients 1,8,16,32 --cores 0,1
 """
@@ -248,8 +251,8 @@ def prefill_gflop_s(model: str, args: argparse.Namespace, threads: int) -> float
 
 
 def floor_tok_s(cfg: dict, result: dict, gflop_s: float) -> float:
-    """The output tok/s of a level's requests were all their weight GEMMs to run at ``gflop_s`` and nothing
-    else take time: no engine running these GEMMs serves them faster."""
+    """A level's output tok/s if all its requests' weight GEMMs ran at ``gflop_s`` and nothing else took time:
+    no engine that runs these GEMMs serves them faster."""
     from bench.gemm_floor import workload_flops
 
     done, outputs = result["completed"], result["total_output_tokens"]
@@ -275,8 +278,9 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
                             vllm_env(args.cores and args.cores.replace(",", "-") if args.cores else None, threads),
                             Path(tempfile.gettempdir())),
     }  # fmt: skip
-    gflop_s = prefill_gflop_s(model, args, threads)
-    cfg = json.loads((Path(model) / "config.json").read_text())
+    config = Path(model) / "config.json"  # a .gguf has none: no floor then
+    cfg = json.loads(config.read_text()) if config.exists() else None
+    gflop_s = prefill_gflop_s(model, args, threads) if cfg else 0.0
     results: dict[str, dict[int, dict]] = {}
     for name, (cmd, env, cwd) in servers.items():
         if name.split()[0].lower() not in args.servers:
@@ -303,17 +307,18 @@ def peer_main(args: argparse.Namespace, model: str, workdir: Path) -> None:
             print(f"{name:>16} {c:>4} {r['p50_ttft_ms']:>7.0f}ms {r['p99_ttft_ms']:>7.0f}ms "
                   f"{r['p50_tpot_ms']:>7.1f}ms {r['p99_tpot_ms']:>7.1f}ms {r['output_throughput']:>7.1f} "
                   f"{r['failed']:>6} {r['prefix_hit']:>6.0%}")  # fmt: skip
-    print(f"weight-GEMM floor: {gflop_s:.0f} GFLOP/s (oneDNN on prefill chunks, these cores); each level's "
-          "tokens at that rate and nothing else:")  # fmt: skip
-    for c, r in next(iter(results.values())).items():
-        print(f"concurrency {c}: at most {floor_tok_s(cfg, r, gflop_s):.1f} output tok/s")
+    if cfg and results:
+        print(f"weight-GEMM floor: {gflop_s:.0f} GFLOP/s (oneDNN on prefill chunks, these cores); each level's "
+              "tokens at that rate and nothing else:")  # fmt: skip
+        for c, r in next(iter(results.values())).items():
+            print(f"concurrency {c}: at most {floor_tok_s(cfg, r, gflop_s):.1f} output tok/s")
     if len(results) < 2:
         return
     ours, peer_levels = results["folio serve"], results["vLLM api_server"]
     for c in args.clients:
         a, b = ours[c], peer_levels[c]
-        print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's "
-              f"(the floor: {floor_tok_s(cfg, b, gflop_s) / b['output_throughput']:.2f}x), "
+        floor = f" (the floor: {floor_tok_s(cfg, b, gflop_s) / b['output_throughput']:.2f}x)" if cfg else ""
+        print(f"concurrency {c}: output tok/s {a['output_throughput'] / b['output_throughput']:.2f}x vLLM's{floor}, "
               f"TTFT p99 {a['p99_ttft_ms'] / b['p99_ttft_ms']:.2f}x")  # fmt: skip
 
 

@@ -114,16 +114,22 @@ def run_variant(so: Path, dtype: str, calls: int, cores: str, batch: int = BATCH
     return json.loads(next(x for x in out.splitlines() if x.startswith(RESULT))[len(RESULT) :])
 
 
+def best_of(rounds: int, built: dict[str, Path], **how: object) -> dict[str, dict]:
+    """Each variant's fastest of ``rounds`` alternating runs (`run_variant` with ``how``)."""
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, so in built.items():
+            r = run_variant(so, **how)  # type: ignore[arg-type]
+            if name not in best or r["ms"] < best[name]["ms"]:
+                best[name] = r
+    return best
+
+
 def variants(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         built = build(Path(tmp), VARIANTS)
         for dtype in ("float32", "bfloat16"):
-            best: dict[str, dict] = {}
-            for _ in range(args.rounds):
-                for name, so in built.items():
-                    r = run_variant(so, dtype, args.calls, args.core)
-                    if name not in best or r["ms"] < best[name]["ms"]:
-                        best[name] = r
+            best = best_of(args.rounds, built, dtype=dtype, calls=args.calls, cores=args.core)
             base = best["portable"]["ms"]
             if dtype == "float32":
                 print(f"vector path: {best['shipped']['simd']}-bit (AVX-512 if 512, AVX2 if 256)", flush=True)
@@ -143,12 +149,8 @@ def split(args: argparse.Namespace) -> None:
               " ".join(f"vs {name}" for name in others))  # fmt: skip
         longest = int(args.context.split("-")[1])
         for batch in (b for b in SPLIT_BATCHES if b * (longest // BLOCK + 1) <= NUM_BLOCKS):  # the cache holds them
-            best: dict[str, dict] = {}
-            for _ in range(args.rounds):
-                for name, so in built.items():
-                    r = run_variant(so, "float32", args.calls, args.cores, batch, threads, args.context)
-                    if name not in best or r["ms"] < best[name]["ms"]:
-                        best[name] = r
+            best = best_of(args.rounds, built, dtype="float32", calls=args.calls, cores=args.cores, batch=batch,
+                           threads=threads, context=args.context)  # fmt: skip
             cells = " ".join(f"{r['ms']:>21.3f} ({r['gb_s']:4.1f})" for r in best.values())
             ratios = " ".join(f"{best[name]['ms'] / best['shipped']['ms']:>{len(name) + 2}.2f}x" for name in others)
             print(f"{batch:>9} {cells}   {ratios}", flush=True)

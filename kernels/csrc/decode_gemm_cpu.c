@@ -105,18 +105,6 @@ VFN void tile(const Gemm *g, int64_t panel, const int count, int64_t r0, const i
     }
 }
 
-#define TILE_CASES(count)                                                                                    \
-    switch (rows) {                                                                                          \
-    case 1: tile(g, panel, count, r0, 1, bf16); break;                                                       \
-    case 2: tile(g, panel, count, r0, 2, bf16); break;                                                       \
-    case 3: tile(g, panel, count, r0, 3, bf16); break;                                                       \
-    case 4: tile(g, panel, count, r0, 4, bf16); break;                                                       \
-    case 5: tile(g, panel, count, r0, 5, bf16); break;                                                       \
-    case 6: tile(g, panel, count, r0, 6, bf16); break;                                                       \
-    case 7: tile(g, panel, count, r0, 7, bf16); break;                                                       \
-    default: tile(g, panel, count, r0, 8, bf16); break;                                                      \
-    }
-
 /* Rows [r0, r0 + rows) of x (rows <= 16, a compile-time constant where inlined) against one panel. */
 VFN void tile_wide(const Gemm *g, int64_t panel, int64_t r0, const int rows, const int bf16) {
     const void *p = (const char *)g->panels + panel * g->k * PANEL * (bf16 ? 2 : 4);
@@ -131,32 +119,34 @@ VFN void tile_wide(const Gemm *g, int64_t panel, int64_t r0, const int rows, con
     for (int r = 0; r < rows; ++r) put(g, r0 + r, panel * PANEL, a[r], bf16);
 }
 
-#define WIDE_CASES                                                                                           \
-    switch (rows) {                                                                                          \
-    case 1: tile_wide(g, panel, r0, 1, bf16); break;                                                         \
-    case 2: tile_wide(g, panel, r0, 2, bf16); break;                                                         \
-    case 3: tile_wide(g, panel, r0, 3, bf16); break;                                                         \
-    case 4: tile_wide(g, panel, r0, 4, bf16); break;                                                         \
-    case 5: tile_wide(g, panel, r0, 5, bf16); break;                                                         \
-    case 6: tile_wide(g, panel, r0, 6, bf16); break;                                                         \
-    case 7: tile_wide(g, panel, r0, 7, bf16); break;                                                         \
-    case 8: tile_wide(g, panel, r0, 8, bf16); break;                                                         \
-    case 9: tile_wide(g, panel, r0, 9, bf16); break;                                                         \
-    case 10: tile_wide(g, panel, r0, 10, bf16); break;                                                       \
-    case 11: tile_wide(g, panel, r0, 11, bf16); break;                                                       \
-    case 12: tile_wide(g, panel, r0, 12, bf16); break;                                                       \
-    case 13: tile_wide(g, panel, r0, 13, bf16); break;                                                       \
-    case 14: tile_wide(g, panel, r0, 14, bf16); break;                                                       \
-    case 15: tile_wide(g, panel, r0, 15, bf16); break;                                                       \
-    default: tile_wide(g, panel, r0, 16, bf16); break;                                                       \
-    }
+/* `switch (rows)` over a tile function's compile-time row counts: CALL(n) for n = 1 .. 7, then up to 16. */
+#define ROWS_1_TO_7(CALL)                                                                                    \
+    case 1: CALL(1); break;                                                                                  \
+    case 2: CALL(2); break;                                                                                  \
+    case 3: CALL(3); break;                                                                                  \
+    case 4: CALL(4); break;                                                                                  \
+    case 5: CALL(5); break;                                                                                  \
+    case 6: CALL(6); break;                                                                                  \
+    case 7: CALL(7); break;
+#define ROWS_8_TO_15(CALL)                                                                                   \
+    case 8: CALL(8); break;                                                                                  \
+    case 9: CALL(9); break;                                                                                  \
+    case 10: CALL(10); break;                                                                                \
+    case 11: CALL(11); break;                                                                                \
+    case 12: CALL(12); break;                                                                                \
+    case 13: CALL(13); break;                                                                                \
+    case 14: CALL(14); break;                                                                                \
+    case 15: CALL(15); break;
+#define TWO_PANELS(n) tile(g, panel, 2, r0, n, bf16)
+#define ONE_PANEL(n) tile(g, panel, 1, r0, n, bf16)
+#define WIDE(n) tile_wide(g, panel, r0, n, bf16)
 
 VFN void panels(const Gemm *g, const int bf16) {
     if (g->m > TILE_ROWS) {
         for (int64_t panel = g->first; panel < g->last; ++panel)
             for (int64_t r0 = 0; r0 < g->m; r0 += WIDE_ROWS) {
                 const int rows = (int)(g->m - r0 < WIDE_ROWS ? g->m - r0 : WIDE_ROWS);
-                WIDE_CASES
+                switch (rows) { ROWS_1_TO_7(WIDE) ROWS_8_TO_15(WIDE) default: WIDE(16); }
             }
         return;
     }
@@ -165,7 +155,11 @@ VFN void panels(const Gemm *g, const int bf16) {
         const int count = panel + 1 < g->last ? 2 : 1;
         for (int64_t r0 = 0; r0 < g->m; r0 += TILE_ROWS) {
             const int rows = (int)(g->m - r0 < TILE_ROWS ? g->m - r0 : TILE_ROWS);
-            if (count == 2) TILE_CASES(2) else TILE_CASES(1)
+            if (count == 2) {
+                switch (rows) { ROWS_1_TO_7(TWO_PANELS) default: TWO_PANELS(8); }
+            } else {
+                switch (rows) { ROWS_1_TO_7(ONE_PANEL) default: ONE_PANEL(8); }
+            }
         }
         panel += count;
     }

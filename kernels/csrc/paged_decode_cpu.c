@@ -237,6 +237,16 @@ static attend_vec_fn pick_vector(const Problem *p) {
 }
 #endif
 
+/* The keys [lo, end) a share reads of sequence b: its part of a split context, or all of them. */
+static inline void keys_of(const Work *w, int64_t b, int64_t *lo, int64_t *end) {
+    if (w->partial) {
+        *lo = w->lo, *end = w->end;
+        return;
+    }
+    *end = w->p->context_lens[b];
+    *lo = first_key(w->p, *end);
+}
+
 static void *run_work(void *arg) {
     Work *w = (Work *)arg;
     const Problem *p = w->p;
@@ -254,27 +264,21 @@ static void *run_work(void *arg) {
     if (fast) {
         const int64_t elem = p->dtype == DTYPE_BF16 ? 2 : 4;
         Ahead next;
-        if (w->partial) { /* one part of a context: its rows asked for at once, nothing after it */
-            ahead_start(&next, p, w->first, w->lo, w->end, elem);
-            ahead_upto(&next, next.bytes);
-            next.bytes = next.issued = 0;
-            w->failed = fast(p, w->first, w->lo, w->end, scores, qs, &next, w->partial);
-            free(buf);
-            return NULL;
-        }
         for (int64_t b = w->first; b < w->last && !w->failed; ++b) {
-            const int64_t end = p->context_lens[b];
+            int64_t lo, end;
+            keys_of(w, b, &lo, &end);
             if (b == w->first) { /* nothing ran before the first: its own rows are asked for at once */
-                ahead_start(&next, p, b, first_key(p, end), end, elem);
+                ahead_start(&next, p, b, lo, end, elem);
                 ahead_upto(&next, next.bytes);
             }
             if (b + 1 < w->last) {
-                const int64_t next_end = p->context_lens[b + 1];
-                ahead_start(&next, p, b + 1, first_key(p, next_end), next_end, elem);
+                int64_t next_lo, next_end;
+                keys_of(w, b + 1, &next_lo, &next_end);
+                ahead_start(&next, p, b + 1, next_lo, next_end, elem);
             } else {
                 next.bytes = next.issued = 0;
             }
-            w->failed = fast(p, b, first_key(p, end), end, scores, qs, &next, NULL);
+            w->failed = fast(p, b, lo, end, scores, qs, &next, w->partial);
         }
         free(buf);
         return NULL;

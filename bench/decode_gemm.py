@@ -63,31 +63,20 @@ def one_dtype(dtype: torch.dtype, repeat: int, g: torch.Generator) -> None:
               f"{nbytes / ref / 1e9:>6.1f}GB/s {nbytes / ours / 1e9:>6.1f}GB/s {nbytes / floor / 1e9:>6.1f}GB/s")  # fmt: skip
 
 
-def engine_step_ms(panels: bool, sequences: int, steps: int = 40) -> float:
+def engine_step_ms(panels: bool, sequences: int) -> float:
     """The median decode step of SmolLM2 float32 with ``sequences`` running, panels on or off."""
-    from throughput import model_dir
+    from _engine_steps import decode_step_ms
+    from throughput import prepare_model
 
-    from folio.engine import LLM, SamplingParams
+    from folio.engine import LLM
     from folio.engine.layers import linear
 
     linear.DECODE_PANELS = panels
     try:
-        llm = LLM(str(model_dir("smollm2")), dtype="float32", kv_cache_memory_gib=1.0)
+        llm = LLM(str(prepare_model("smollm2")), dtype="float32", kv_cache_memory_gib=1.0)
     finally:
         linear.DECODE_PANELS = True
-    engine = llm.llm_engine
-    params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True, seed=0)
-    for i in range(sequences):
-        engine.add_request(f"r{i}", " ".join(["the river and the mountain"] * 40) + f" {i}", params)
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or \
-            engine.scheduler.waiting:  # fmt: skip
-        engine.step()  # the prompts' prefill
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return decode_step_ms(llm, sequences)
 
 
 def main() -> None:

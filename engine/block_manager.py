@@ -1,28 +1,34 @@
 """The paged KV cache's bookkeeping: a pool of fixed-size blocks with reference counts and a prefix cache.
 
-A full block is identified by a hash chained with its parent block's hash, so equal hashes mean equal
-prefixes; the block's tokens are compared too, never trusting the hash alone. Blocks whose last user is
-gone keep their contents and hash and sit in an LRU list: a later request with the same prefix takes
-them back, and the least recently freed one is the first to be overwritten when memory runs out.
+A full block is found by its key: its parent's serial (the number its parent got when registered, never
+given twice) and its own tokens. Keys compare exactly, so a prefix matches only where every block before
+it did, whatever their hashes; a block evicted and refilled gets a new serial, which its old children's
+keys no longer name. Blocks whose last user is gone keep their contents and key and sit in an LRU list: a
+later request with the same prefix takes them back, and the least recently freed one is the first to be
+overwritten when memory runs out.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from folio.engine.sequence import Sequence
 
 
-def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
+def block_key(parent: int | None, token_ids: tuple[int, ...]) -> Hashable:
+    """A full block's cache key: its parent's serial (None for a prompt's first block) and its tokens."""
+    return (parent, token_ids)
 
 
 @dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None  # set once the block is full, computed and registered in the cache
+    key: Hashable | None = None  # set once the block is full, computed and registered in the cache
+    serial: int = 0  # this registration's number (0: not registered)
     token_ids: tuple[int, ...] = field(default=())
 
 
@@ -36,7 +42,8 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free_empty: deque[int] = deque(range(num_blocks))  # free, no cached contents
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # free, cached contents, LRU first
-        self._hash_to_block: dict[int, int] = {}
+        self._cached: dict[Hashable, int] = {}  # key -> block
+        self._serials = itertools.count(1)
 
     # --- capacity -----------------------------------------------------------------------------------
 
@@ -62,13 +69,11 @@ class BlockManager:
         parent: int | None = None
         bs = self.block_size
         for i in range((len(seq) - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = block_hash(parent, tokens)
-            block_id = self._hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            block_id = self._cached.get(block_key(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+            if block_id is None:
                 break
             found.append(block_id)
-            parent = h
+            parent = self.blocks[block_id].serial
         return found
 
     def register_full_blocks(self, seq: Sequence) -> None:
@@ -76,18 +81,20 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        parent = seq.block_serials[-1] if seq.block_serials else None
+        for i in range(len(seq.block_serials), seq.num_computed_tokens // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = block_hash(parent, tokens)
+            key = block_key(parent, tokens)
             block = self.blocks[seq.block_table[i]]
-            # A block taken from the cache already has this hash; a fresh one gets it now, unless an
-            # equal block is registered already (then this one simply stays private).
-            if block.hash is None and h not in self._hash_to_block:
-                block.hash, block.token_ids = h, tokens
-                self._hash_to_block[h] = block.block_id
-            seq.block_hashes.append(h)
-            parent = h
+            # A block taken from the cache is registered already; a fresh one is now, unless a block of
+            # this key is (then this one simply stays private, and its children follow the registered one).
+            registered = self._cached.get(key)
+            if block.key is None and registered is None:
+                block.key, block.serial, block.token_ids = key, next(self._serials), tokens
+                self._cached[key] = block.block_id
+                registered = block.block_id
+            parent = self.blocks[block.block_id if registered is None else registered].serial
+            seq.block_serials.append(parent)
 
     # --- allocation ---------------------------------------------------------------------------------
 
@@ -112,7 +119,7 @@ class BlockManager:
                 del self._free_cached[b]
             block.ref_count += 1
             seq.block_table.append(b)
-            seq.block_hashes.append(block.hash)  # type: ignore[arg-type]
+            seq.block_serials.append(block.serial)
         for _ in range(new):
             seq.block_table.append(self._take_free_block())
         return True
@@ -123,9 +130,7 @@ class BlockManager:
         else:
             block_id, _ = self._free_cached.popitem(last=False)  # evict the least recently used
             block = self.blocks[block_id]
-            if self._hash_to_block.get(block.hash) == block_id:  # type: ignore[arg-type]
-                del self._hash_to_block[block.hash]  # type: ignore[arg-type]
-            block.hash, block.token_ids = None, ()
+            self._forget(block)
         self.blocks[block_id].ref_count = 1
         return block_id
 
@@ -136,17 +141,22 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                if block.hash is not None:
+                if block.key is not None:
                     self._free_cached[block_id] = None
                 else:
                     self._free_empty.append(block_id)
         seq.block_table = []
-        seq.block_hashes = []
+        seq.block_serials = []
 
     def reset_prefix_cache(self) -> None:
         while self._free_cached:
             block_id, _ = self._free_cached.popitem(last=False)
             block = self.blocks[block_id]
-            self._hash_to_block.pop(block.hash, None)  # type: ignore[arg-type]
-            block.hash, block.token_ids = None, ()
+            self._forget(block)
             self._free_empty.append(block_id)
+
+    def _forget(self, block: Block) -> None:
+        """Takes ``block`` out of the prefix cache; its serial is never given again."""
+        if self._cached.get(block.key) == block.block_id:
+            del self._cached[block.key]
+        block.key, block.serial, block.token_ids = None, 0, ()

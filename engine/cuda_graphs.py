@@ -98,6 +98,46 @@ def capture_sizes(max_batch_size: int) -> list[int]:
     return [s for s in base if s < largest] + [largest]
 
 
+class DecodeBuffers:
+    """The static inputs a decode graph reads, sized for its largest batch; ``load`` copies a step's into
+    their first rows."""
+
+    def __init__(self, max_batch_size: int, max_model_len: int, block_size: int, device: torch.device) -> None:
+        blocks_per_seq = -(-max_model_len // block_size)
+        self.input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_batch_size, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((max_batch_size,), PAD_SLOT_ID, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(max_batch_size, blocks_per_seq, dtype=BLOCK_TABLE_DTYPE, device=device)
+        self.context_lens = torch.ones(max_batch_size, dtype=CONTEXT_LENS_DTYPE, device=device)
+
+    def load(
+        self,
+        input_ids: torch.Tensor,  # [n] int64: each sequence's newest token
+        positions: torch.Tensor,  # [n] int64: its position
+        slot_mapping: torch.Tensor,  # [n] int64: the cache slot its K/V goes to
+        block_tables: torch.Tensor,  # [n, w] int32, w <= cdiv(max_model_len, block_size)
+        context_lens: torch.Tensor,  # [n] int32, this step's token included
+        *,
+        pad_to: int | None = None,
+    ) -> None:
+        """Copies the step's n rows in; with ``pad_to``, rows n..pad_to become harmless padding."""
+        n, width = input_ids.shape[0], block_tables.shape[1]
+        # Pageable host memory: the copy is staged before it returns, so the sources may go right away.
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.block_tables[:n, :width].copy_(block_tables, non_blocking=True)
+        self.context_lens[:n].copy_(context_lens, non_blocking=True)
+        if pad_to is not None and pad_to > n:
+            # Padding rows: the KV store skips slot -1 (a stale slot would overwrite a live sequence's
+            # cache); the other values only keep the padding's attention cheap and in bounds. Stale block
+            # table entries are valid block ids, and one token of any block is a harmless read.
+            self.input_ids[n:pad_to].zero_()
+            self.positions[n:pad_to].zero_()
+            self.slot_mapping[n:pad_to].fill_(PAD_SLOT_ID)
+            self.context_lens[n:pad_to].fill_(1)
+
+
 class DecodeGraphs:
     """Captured decode forward passes, one per batch size, and the static buffers they read.
 
@@ -119,13 +159,7 @@ class DecodeGraphs:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         self.sizes = capture_sizes(max_batch_size)
         self.max_model_len = max_model_len
-        largest = self.sizes[-1]
-        blocks_per_seq = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((largest,), PAD_SLOT_ID, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(largest, blocks_per_seq, dtype=BLOCK_TABLE_DTYPE, device=device)
-        self.context_lens = torch.ones(largest, dtype=CONTEXT_LENS_DTYPE, device=device)
+        self.buffers = DecodeBuffers(self.sizes[-1], max_model_len, block_size, device)
         self._graphs: dict[int, StepGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         start = time.perf_counter()
@@ -134,7 +168,7 @@ class DecodeGraphs:
             ctx = self._context(size)
 
             def fn(size: int = size, ctx: AttentionContext = ctx) -> torch.Tensor:
-                return forward(self.input_ids[:size], self.positions[:size], ctx)
+                return forward(self.buffers.input_ids[:size], self.buffers.positions[:size], ctx)
 
             # All rows are padding here: the warm-up writes no KV, and it compiles the Triton kernels and
             # lets cuBLAS settle its workspace before the capture (neither may happen inside one).
@@ -157,14 +191,15 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     def _context(self, size: int) -> AttentionContext:
+        b = self.buffers
         return AttentionContext(
-            slot_mapping=self.slot_mapping[:size],
+            slot_mapping=b.slot_mapping[:size],
             prefills=[],
             num_prefill_tokens=0,
             use_kernels=True,
             max_context_len=self.max_model_len,
-            block_tables=self.block_tables[:size],
-            context_lens=self.context_lens[:size],
+            block_tables=b.block_tables[:size],
+            context_lens=b.context_lens[:size],
         )
 
     @torch.inference_mode()  # the buffers are inference tensors (made under the runner's inference mode)
@@ -182,20 +217,6 @@ class DecodeGraphs:
         size = self.size_for(n)
         if size is None or n == 0:
             raise ValueError(f"a decode step of {n} sequences has no captured graph (1..{self.max_batch_size})")
-        width = block_tables.shape[1]
-        # Pageable host memory: the copy is staged before it returns, so the sources may go right away.
-        self.input_ids[:n].copy_(input_ids, non_blocking=True)
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
-        self.block_tables[:n, :width].copy_(block_tables, non_blocking=True)
-        self.context_lens[:n].copy_(context_lens, non_blocking=True)
-        if size > n:
-            # Padding rows: the KV store skips slot -1 (a stale slot would overwrite a live sequence's
-            # cache); the other values only keep the padding's attention cheap and in bounds. Stale block
-            # table entries are valid block ids, and one token of any block is a harmless read.
-            self.input_ids[n:size].zero_()
-            self.positions[n:size].zero_()
-            self.slot_mapping[n:size].fill_(PAD_SLOT_ID)
-            self.context_lens[n:size].fill_(1)
+        self.buffers.load(input_ids, positions, slot_mapping, block_tables, context_lens, pad_to=size)
         self._graphs[size].replay()
         return self._outputs[size][:n]

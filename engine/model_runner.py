@@ -11,6 +11,7 @@ import torch
 from folio.engine import cpu_heap, prompt_logits
 from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
+from folio.engine.cpu_graphs import CpuDecodeGraphs
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
 from folio.engine.models.base import DecoderLM
 from folio.engine.sampler import Sampler, SampleResult, plain_greedy
@@ -115,9 +116,8 @@ class ModelRunner:
         self.native_decode = device.type == "cpu" and decode_attention_cpu.supports(self.kv_caches[0][0])
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
         self.max_num_seqs = max_num_seqs
-        self.decode_graphs: DecodeGraphs | None = None
-        if device.type == "cuda" and not enforce_eager and model.supports_cuda_graphs:
-            self.enable_decode_graphs()
+        self.decode_graphs: DecodeGraphs | CpuDecodeGraphs | None = None
+        self._start_decode_graphs(enforce_eager)
 
     def resize_kv_cache(self, num_blocks: int, *, enforce_eager: bool = False) -> None:
         """Replaces the cache (e.g. the profiling step's single block) with ``num_blocks`` empty blocks;
@@ -130,8 +130,20 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.kv_caches = allocate_kv_cache(layers, num_blocks, self.block_size, kv_heads, head_dim, dtype, self.device)
         self.block_tables = BlockTables(self.block_size, self.device)
-        if self.device.type == "cuda" and not enforce_eager and self.model.supports_cuda_graphs:
+        self._start_decode_graphs(enforce_eager)
+
+    def _start_decode_graphs(self, enforce_eager: bool) -> None:
+        """CUDA graphs on a GPU; on the CPU, step graphs over the native kernels (not on a tensor-parallel
+        rank, whose steps hold collectives)."""
+        if enforce_eager or not self.model.supports_decode_graphs:
+            return
+        if self.device.type == "cuda":
             self.enable_decode_graphs()
+        elif self.native_decode and self.model.vocab_parallel is None:
+            self.decode_graphs = CpuDecodeGraphs(
+                lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx, None),
+                max_batch_size=self.max_num_seqs, max_model_len=self.cfg.max_model_len, block_size=self.block_size,
+            )  # fmt: skip
 
     @property
     def kv_caches_shape(self) -> tuple[int, int, int, torch.dtype]:
@@ -165,11 +177,15 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.kv_caches, ctx, None if wanted or not inputs.prefills else rows)
         if wanted:
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
-        sampling = inputs.sampling
-        if not sampling:
+        if not inputs.sampling:
             return [], None
+        return self._sample(hidden[rows] if wanted or not inputs.prefills else hidden, inputs.sampling)
+
+    def _sample(
+        self, hidden: torch.Tensor, sampling: list[ScheduledSeq]
+    ) -> tuple[list[ScheduledSeq], SampleResult | None]:
+        """The sampling sequences' next tokens from their rows' hidden states (eager and graph steps)."""
         seqs = [s.seq for s in sampling]
-        hidden = hidden[rows] if wanted or not inputs.prefills else hidden
         if self.logit_noise is None and plain_greedy(seqs):
             tokens = self.model.greedy_tokens(hidden)
             if tokens is not None:  # the greedy tokens without the float32 logits (CPU, float32)
@@ -253,7 +269,6 @@ class ModelRunner:
         graphs = self.decode_graphs
         return (
             graphs is not None
-            and self.use_kernels
             and 0 < len(batch) <= graphs.max_batch_size
             and all(item.num_tokens == 1 for item in batch)
         )
@@ -275,6 +290,4 @@ class ModelRunner:
             return [], None
         if len(rows) < len(inputs.ordered):
             hidden = hidden[torch.tensor(rows, device=self.device)]
-        sampling = inputs.sampling
-        logits = self._logits(hidden)
-        return sampling, self.sampler(logits, [s.seq for s in sampling])
+        return self._sample(hidden, inputs.sampling)

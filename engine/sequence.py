@@ -53,7 +53,7 @@ class Sequence:
         self.round = 0  # its turn in the waiting queue: the scheduler keeps rounds non-decreasing there
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
-        self.block_hashes: list[int] = []  # hashes of the leading full blocks registered in the cache
+        self.block_serials: list[int] = []  # per leading full block: the serial its prefix is cached under
         self.text = OutputText(params.stop, params.include_stop_str_in_output)  # type: ignore[arg-type]
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import torch
 
+from folio.kernels.recording import native
+
 try:
-    from folio.kernels import _cpu_attention  # type: ignore[attr-defined]
+    from folio.kernels import _cpu_attention as _extension  # type: ignore[attr-defined]
+
+    _cpu_attention = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
 except ImportError:  # built without a C compiler: callers use the PyTorch path
     _cpu_attention = None
 

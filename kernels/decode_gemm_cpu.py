@@ -13,9 +13,12 @@ import torch.nn.functional as F
 
 from folio.kernels._checks import require
 from folio.kernels.decode_attention_cpu import share_torch_threads
+from folio.kernels.recording import native
 
 try:
-    from folio.kernels import _cpu_decode_gemm  # type: ignore[attr-defined]
+    from folio.kernels import _cpu_decode_gemm as _extension  # type: ignore[attr-defined]
+
+    _cpu_decode_gemm = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
 except ImportError:  # built without a C compiler: callers keep oneDNN
     _cpu_decode_gemm = None
 

@@ -18,9 +18,12 @@ import torch
 
 from folio.kernels._checks import require
 from folio.kernels.decode_attention_cpu import share_torch_threads
+from folio.kernels.recording import native
 
 try:
-    from folio.kernels import _cpu_fused  # type: ignore[attr-defined]
+    from folio.kernels import _cpu_fused as _extension  # type: ignore[attr-defined]
+
+    _cpu_fused = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
 except ImportError:  # built without a C compiler: callers use the PyTorch path
     _cpu_fused = None
 

@@ -42,6 +42,10 @@ def paged_attention(
     else:
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
+    if not ctx.prefills and ctx.decode_block_tables is not None:  # decodes only: the kernel's output is all
+        return paged_decode_attention(
+            q, k_cache, v_cache, ctx.decode_block_tables, ctx.decode_context_lens, scale, window=window
+        )
     out = torch.empty_like(q)
     if ctx.prefills and prefill_attention_cpu.supports(q):
         _native_prefill(q, k, v, k_cache, v_cache, ctx, scale, window, out)

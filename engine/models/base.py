@@ -47,8 +47,9 @@ class DecoderLM(nn.Module):
     MODEL_TYPES: ClassVar[tuple[str, ...]] = ()  # `model_type` (all a GGUF-derived config has)
     GGUF_ARCHITECTURES: ClassVar[tuple[str, ...]] = ()  # llama.cpp's general.architecture
     GGUF_LAYER_NAMES: ClassVar[dict[str, str]] = LLAMA_GGUF_NAMES
-    # Decode steps replay CUDA graphs unless a layer needs the host mid-step (MoE's expert counts do).
-    supports_cuda_graphs: ClassVar[bool] = True
+    # Decode steps replay graphs (CUDA, or CPU step graphs) unless a layer needs the host mid-step (MoE's
+    # expert counts do).
+    supports_decode_graphs: ClassVar[bool] = True
     # Set on a tensor-parallel rank (`folio.engine.distributed.sharding`): this rank holds a slice of the
     # vocabulary's rows of the embedding table and LM head.
     vocab_parallel: VocabParallel | None = None

@@ -17,7 +17,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
     ARCHITECTURES = ("MixtralForCausalLM",)
     MODEL_TYPES = ("mixtral",)
     GGUF_ARCHITECTURES = ()  # llama.cpp files Mixtral under "llama"; transformers does not read those experts
-    supports_cuda_graphs: ClassVar[bool] = False
+    supports_decode_graphs: ClassVar[bool] = False
 
     def make_mlp(self, index: int) -> nn.Module:
         hf = self.hf

@@ -25,7 +25,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     MODEL_TYPES = ("qwen3_moe",)
     GGUF_ARCHITECTURES = ("qwen3moe",)
     GGUF_LAYER_NAMES = Qwen3ForCausalLM.GGUF_LAYER_NAMES | MOE_GGUF_NAMES
-    supports_cuda_graphs: ClassVar[bool] = False
+    supports_decode_graphs: ClassVar[bool] = False
 
     def make_mlp(self, index: int) -> nn.Module:
         hf = self.hf

@@ -92,23 +92,39 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def cache_index_consistent(self) -> None:
-        for h, block_id in self.bm._hash_to_block.items():
-            assert self.bm.blocks[block_id].hash == h
+        for key, block_id in self.bm._cached.items():
+            assert self.bm.blocks[block_id].key == key and self.bm.blocks[block_id].serial > 0
+        serials = [b.serial for b in self.bm.blocks if b.key is not None]
+        assert len(set(serials)) == len(serials)
         for block in self.bm.blocks:
-            if block.hash is not None:
+            if block.key is not None:
                 assert len(block.token_ids) == BLOCK_SIZE
 
 
+class CollidingKey:
+    """A cache key whose hash is the same for every block: only equality tells keys apart."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CollidingKey) and self.key == other.key
+
+
 class CollidingHashMachine(BlockManagerMachine):
-    """Every block hashes alike: only the token comparison keeps wrong prefixes out."""
+    """Every block hashes alike: a prefix of equal blocks (a run of one token) must not find the same
+    cached block twice, nor a block whose parent differs."""
 
     def __init__(self) -> None:
-        self._real_hash = bm_module.block_hash
-        bm_module.block_hash = lambda parent, token_ids: 0
+        self._real_key = bm_module.block_key
+        bm_module.block_key = lambda parent, token_ids: CollidingKey(self._real_key(parent, token_ids))
         super().__init__()
 
     def teardown(self) -> None:
-        bm_module.block_hash = self._real_hash
+        bm_module.block_key = self._real_key
 
 
 TestBlockManager = BlockManagerMachine.TestCase
@@ -134,3 +150,23 @@ def test_cached_blocks_are_reused_lru_first() -> None:
     assert set(c.block_table) == set(a_blocks[:2])
     assert bm.find_cached_prefix(new_seq([2] * 9)) == b_blocks[:2]
     assert bm.find_cached_prefix(new_seq([1] * 9)) == []
+
+
+def test_a_prefix_of_equal_blocks_finds_each_block_once() -> None:
+    """Blocks of equal tokens at different depths are different prefixes (the collision the state machine
+    above once found: a run of 9 equal tokens came back with one cached block at both depths)."""
+    bm = BlockManager(8, BLOCK_SIZE)
+    a = new_seq([0] * 4)
+    assert bm.allocate(a, 4)
+    a.num_computed_tokens = 4
+    bm.register_full_blocks(a)
+    first = a.block_table[0]
+    bm.free(a)
+    assert bm.find_cached_prefix(new_seq([0] * 9)) == [first]  # not [first, first]
+    b = new_seq([0] * 9)
+    cached = bm.find_cached_prefix(b)
+    assert bm.allocate(b, 5, cached)
+    b.num_computed_tokens = 9
+    bm.register_full_blocks(b)
+    assert len(set(b.block_table)) == 3
+    assert bm.find_cached_prefix(new_seq([0] * 13)) == b.block_table[:2]

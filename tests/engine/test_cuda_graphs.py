@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from folio.engine import LLM, SamplingParams
+from folio.engine.cpu_graphs import CpuDecodeGraphs
 from folio.engine.cuda_graphs import MAX_CAPTURED_BATCH, DecodeGraphs, EagerStepGraph, capture_sizes
 from folio.engine.layers.context import AttentionContext
 from folio.engine.model_runner import ModelRunner
@@ -107,7 +108,7 @@ def _echo_graphs(max_batch_size: int) -> DecodeGraphs:
 def test_run_picks_the_smallest_captured_size_and_pads() -> None:
     graphs = _echo_graphs(20)
     assert graphs.sizes == [1, 2, 4, 8, 16, 20]
-    assert graphs.block_tables.shape == (20, 64 // BLOCK_SIZE)
+    assert graphs.buffers.block_tables.shape == (20, 64 // BLOCK_SIZE)
     assert [graphs.size_for(n) for n in (1, 3, 5, 8, 9, 17, 20, 21)] == [1, 4, 8, 8, 16, 20, 20, None]
 
     def run(n: int, base: int) -> torch.Tensor:
@@ -157,9 +158,11 @@ def check_padding_writes_no_kv(runner: ModelRunner, graphs: DecodeGraphs) -> Non
             assert set(changed) == written
 
 
-def test_cpu_engine_captures_no_graphs_and_graphs_need_the_kernel_path(tiny_variant) -> None:
-    runner = _llm(tiny_variant("llama-gqa3-tied")).llm_engine.runner
-    assert runner.decode_graphs is None  # CPU: eager, enforce_eager or not
+def test_cpu_engine_records_cpu_graphs_and_cuda_graphs_need_the_kernel_path(tiny_variant) -> None:
+    path = tiny_variant("llama-gqa3-tied")
+    runner = _llm(path).llm_engine.runner
+    assert isinstance(runner.decode_graphs, CpuDecodeGraphs)  # CPU: step graphs (folio.engine.cpu_graphs)
+    assert LLM(str(path), enforce_eager=True).llm_engine.runner.decode_graphs is None
     with pytest.raises(ValueError, match="kernel path"):
         runner.enable_decode_graphs(graph_factory=EagerStepGraph)
 

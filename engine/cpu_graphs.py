@@ -1,0 +1,299 @@
+"""CPU step graphs for decode steps: a forward pass recorded once per batch size, replayed without its Python.
+
+On the CPU a small model's decode step spends milliseconds between its kernels: SmolLM2's 30 layers make
+about 190 native kernel calls and 400 tensor allocations and views a step, 3.8 ms of Python in a 28 ms
+step of 8 sequences (bench/README.md, "CPU step graphs"). As with CUDA graphs (`folio.engine.cuda_graphs`),
+a decode step's work depends on its batch size, not on its values, so it is recorded once and replayed:
+
+- the native kernels' calls (data pointers and sizes) come from `folio.kernels.recording`;
+- PyTorch ops are seen by a dispatch mode while the pass runs: views need nothing, in-place ops (a cache
+  write, ``out[a:b] = x``) run again as they are, and any other op runs again into the output it gave
+  the first time;
+- an op whose result the Python around it could act on (``.item()``, a random draw) cannot be replayed:
+  recording raises `NotReplayable` and that batch size keeps running eagerly.
+
+The pass's tensors then move into one arena that all graphs share (they never run at once, and a step's
+output is used before the next step), laid out by liveness as an allocator would reuse them: a tensor
+takes memory that no later step of the pass reads, so a graph holds about one layer's temporaries and
+they stay in cache, as eager steps' do. The recorded pointers are moved with them.
+
+Unlike a CUDA graph, a CPU graph is recorded lazily, by the first step of its size (whose result it is),
+and for every size exactly: padding a batch would add real work. When a recording needs more arena than
+there is, the arena grows and the graphs laid out in the old one are recorded again on their next use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from folio.engine.cuda_graphs import DecodeBuffers, Forward
+from folio.engine.layers.context import AttentionContext
+from folio.kernels.recording import NativeCall, NotReplayable, recording
+
+log = logging.getLogger(__name__)
+
+# The largest decode batch recorded: beyond it a step's Python is a few percent of its kernels' time.
+MAX_RECORDED_BATCH = 32
+# The most memory the graphs' arena takes: a batch size whose pass needs more runs eagerly.
+MAX_ARENA_BYTES = 256 << 20
+_ALIGN = 64  # bytes: each tensor starts on a cache line
+_ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                          torch.ops.aten.empty_strided.default})  # fmt: skip
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from ``t``'s first element to just past its last."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))) * t.element_size()
+
+
+class Arena:
+    """The memory every graph's tensors live in; ``generation`` counts its reallocations."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.generation = 0
+
+    def reserve(self, nbytes: int) -> None:
+        if nbytes > self.buffer.numel():
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.generation += 1
+
+    def view(self, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """``like``'s shape, strides and dtype at byte ``offset``."""
+        return self.buffer[offset : offset + _extent(like)].view(like.dtype).as_strided(like.shape, like.stride())
+
+
+@dataclass
+class _Allocation:
+    tensor: torch.Tensor  # where the recording ran
+    first: int  # the index of the first step that may write it
+    last: int = -1  # the last step that reads or writes it
+    offset: int = 0  # its place in the arena
+
+
+def _run_into(outputs: tuple[torch.Tensor, ...], func: Any, *args: Any, **kwargs: Any) -> None:
+    fresh = func(*args, **kwargs)
+    for out, new in zip(outputs, fresh if isinstance(fresh, (list, tuple)) else (fresh,), strict=True):
+        out.copy_(new)
+
+
+def _storages(values: Any) -> set[int]:
+    """The storages of the tensors among ``values`` (oneDNN's packed weights have none to alias)."""
+    values = values if isinstance(values, (list, tuple)) else (values,)
+    return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor) and not v.is_mkldnn}
+
+
+class _Recorder(TorchDispatchMode):
+    """Sees every PyTorch op of the recorded pass; keeps what replay must run again, in order, in ``steps``
+    (shared with the native calls' recording), and every tensor the pass allocated."""
+
+    def __init__(self, steps: list[NativeCall]) -> None:
+        super().__init__()
+        self.steps = steps
+        self.allocations: list[_Allocation] = []
+
+    def _new(self, t: torch.Tensor) -> torch.Tensor:
+        self.allocations.append(_Allocation(t, len(self.steps)))
+        return t
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _ALLOCATIONS:
+            return self._new(func(*args, **kwargs))
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            raise NotReplayable(f"{func} draws random numbers")
+        out = func(*args, **kwargs)
+        outputs = out if isinstance(out, (list, tuple)) else (out,)
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise NotReplayable(f"{func} returns {type(out).__name__}: a value the Python around it may act on")
+        if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+            self.steps.append((functools.partial(func, **kwargs), args))  # in place: again, on the same tensors
+            return out
+        inputs = _storages(args) | _storages(list(kwargs.values()))
+        if all(o.untyped_storage().data_ptr() in inputs for o in outputs):
+            return out  # a view of an input: no data of its own
+        kept = tuple(self._new(o) for o in outputs)
+        self.steps.append((functools.partial(_run_into, kept, func, **kwargs), args))
+        return out
+
+
+class _Layout:
+    """Where each allocation of a recording goes in the arena, and the recorded values moved there."""
+
+    def __init__(self, allocations: list[_Allocation], steps: list[NativeCall], out: torch.Tensor) -> None:
+        self.allocations = sorted(allocations, key=lambda a: a.tensor.data_ptr())
+        self._starts = [a.tensor.data_ptr() for a in self.allocations]
+        for i, (fn, args) in enumerate(steps):
+            for value in _leaves((fn, args)):
+                found = self._find(value)
+                if found is not None:
+                    found.last = i
+        found = self._find(out)
+        assert found is not None, "the recorded pass must return a tensor it allocated"
+        found.last = len(steps)  # the output lives on after the last step
+        self.nbytes = self._place()
+
+    def _find(self, value: Any) -> _Allocation | None:
+        """The allocation a pointer (an int) or a tensor lies in, if any."""
+        if isinstance(value, torch.Tensor):
+            if value.is_mkldnn:
+                return None
+            value = value.data_ptr()
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        i = bisect.bisect_right(self._starts, value) - 1
+        if i < 0:
+            return None
+        a = self.allocations[i]
+        return a if value < self._starts[i] + max(_extent(a.tensor), 1) else None
+
+    def _place(self) -> int:
+        """First fit in allocation order, reusing what no later step touches; the bytes needed."""
+        live: list[tuple[int, int, int]] = []  # (offset, end, last step)
+        top = 0
+        for a in sorted(self.allocations, key=lambda a: a.first):
+            live = [(o, e, last) for o, e, last in live if last >= a.first]
+            size = -(-max(_extent(a.tensor), 1) // _ALIGN) * _ALIGN
+            offset = 0
+            for o, e, _ in sorted(live):
+                if offset + size <= o:
+                    break
+                offset = max(offset, e)
+            a.offset = offset
+            live.append((offset, offset + size, max(a.last, a.first)))
+            top = max(top, offset + size)
+        return top
+
+    def move(self, value: Any, arena: Arena) -> Any:
+        """``value`` (a pointer, a tensor or a container of them) as it reads once moved into ``arena``."""
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.move(v, arena) for v in value)
+        if isinstance(value, dict):
+            return {k: self.move(v, arena) for k, v in value.items()}
+        if isinstance(value, functools.partial):
+            return functools.partial(value.func, *self.move(value.args, arena), **self.move(value.keywords, arena))
+        a = self._find(value)
+        if a is None:
+            return value
+        base = arena.buffer.data_ptr() + a.offset
+        if isinstance(value, int):
+            return base + (value - a.tensor.data_ptr())
+        return arena.view(base - arena.buffer.data_ptr() + (value.data_ptr() - a.tensor.data_ptr()), value)
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    if isinstance(value, dict):
+        return _leaves(list(value.values()))
+    if isinstance(value, functools.partial):
+        return _leaves((value.args, value.keywords))
+    return [value]
+
+
+class CpuStepGraph:
+    """A recorded CPU forward pass (the `folio.engine.cuda_graphs.StepGraph` protocol), laid out in
+    ``arena``; ``generation`` is the arena's when it was laid out."""
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+        self.generation = -1
+        self.nbytes = 0  # the arena bytes it needs
+        self._steps: list[NativeCall] = []
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Runs ``fn`` (which reads only static buffers) once, recording it, then moves its tensors into
+        the arena (growing it if needed) and replays it there; returns its output, in the arena. Raises
+        `NotReplayable` if some op of it cannot be replayed."""
+        steps: list[NativeCall] = []  # the native calls and the ops, in the order they ran
+        recorder = _Recorder(steps)
+        with recording(steps), recorder:
+            out = fn()
+        layout = _Layout(recorder.allocations, steps, out)
+        self.nbytes = layout.nbytes
+        if self.nbytes > MAX_ARENA_BYTES:
+            raise NotReplayable(f"its tensors need {self.nbytes / 2**20:.0f} MiB of arena")
+        self.arena.reserve(self.nbytes)
+        self.generation = self.arena.generation
+        self._steps = [layout.move(step, self.arena) for step in steps]
+        out = layout.move(out, self.arena)
+        self.replay()  # the result again, computed where the replays will compute it
+        return out
+
+    def replay(self) -> None:
+        for fn, args in self._steps:
+            fn(*args)
+
+
+class CpuDecodeGraphs:
+    """Recorded CPU decode forward passes, one per batch size up to ``max_batch_size``, and their buffers.
+
+    ``run`` takes a decode-only step (one new token per sequence) and returns its hidden states; the LM head
+    and sampling stay outside the graphs, as with `folio.engine.cuda_graphs.DecodeGraphs`.
+    """
+
+    def __init__(self, forward: Forward, *, max_batch_size: int, max_model_len: int, block_size: int) -> None:
+        self.max_batch_size = min(max_batch_size, MAX_RECORDED_BATCH)
+        self.buffers = DecodeBuffers(self.max_batch_size, max_model_len, block_size, torch.device("cpu"))
+        self._forward = forward
+        self.arena = Arena()
+        self._graphs: dict[int, tuple[CpuStepGraph, torch.Tensor]] = {}
+        self._eager: set[int] = set()  # sizes that cannot be recorded
+        self.recordings = 0  # how many passes were recorded (the tests read it)
+
+    def _context(self, n: int) -> AttentionContext:
+        """The native CPU decode path's context over the static buffers: the rows' own block tables, read
+        in place; every pass allows the buffers' full width of context."""
+        b = self.buffers
+        return AttentionContext(
+            slot_mapping=b.slot_mapping[:n], prefills=[], num_prefill_tokens=0,
+            decode_block_tables=b.block_tables[:n], decode_context_lens=b.context_lens[:n],
+        )  # fmt: skip
+
+    def _pass(self, n: int) -> torch.Tensor:
+        return self._forward(self.buffers.input_ids[:n], self.buffers.positions[:n], self._context(n))
+
+    def _record(self, n: int) -> torch.Tensor:
+        graph = CpuStepGraph(self.arena)
+        try:
+            out = graph.capture(functools.partial(self._pass, n))
+        except NotReplayable as exc:
+            log.info("decode steps of %d sequences run eagerly: %s", n, exc)
+            self._eager.add(n)
+            return self._pass(n)  # the recording may have stopped part way: this step runs again, eagerly
+        self.recordings += 1
+        self._graphs[n] = (graph, out)
+        return out
+
+    @torch.inference_mode()
+    def run(
+        self,
+        input_ids: torch.Tensor,  # [n] int64
+        positions: torch.Tensor,  # [n] int64
+        slot_mapping: torch.Tensor,  # [n] int64
+        block_tables: torch.Tensor,  # [n, w] int32
+        context_lens: torch.Tensor,  # [n] int32, this step's token included
+    ) -> torch.Tensor:
+        """Hidden states [n, hidden] of one decode step, valid until the next ``run``."""
+        n = input_ids.shape[0]
+        if not 0 < n <= self.max_batch_size:
+            raise ValueError(f"a decode step of {n} sequences has no CPU graph (1..{self.max_batch_size})")
+        self.buffers.load(input_ids, positions, slot_mapping, block_tables, context_lens)
+        if n in self._eager:
+            return self._pass(n)
+        recorded = self._graphs.get(n)
+        if recorded is None or recorded[0].generation != self.arena.generation:  # laid out in an old arena
+            return self._record(n)
+        graph, out = recorded
+        graph.replay()
+        return out

@@ -119,7 +119,7 @@ def peak_rss_mib() -> float:
 
 def run_folio(
     args: argparse.Namespace, dtype: str, prefix: bool, shared: bool, native_ops: bool = True, screen: bool = True,
-    resident: bool = True, panels: bool = True,
+    resident: bool = True, panels: bool = True, eager: bool = False,
 ) -> dict:
     from folio.engine import LLM, SamplingParams, cpu_heap
     from folio.engine.layers import linear
@@ -132,7 +132,8 @@ def run_folio(
     linear.DECODE_PANELS = panels  # off: oneDNN for every projection, and no second copy of the weights
 
     block = {"block_size": args.block_size} if args.block_size else {}
-    llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix, **block)
+    llm = LLM(str(model_dir(args.model)), dtype=dtype, kv_cache_memory_gib=2.0, enable_prefix_caching=prefix,
+              enforce_eager=eager, **block)  # fmt: skip
     if not screen:  # greedy tokens from the float32 logits, as before folio.engine.layers.greedy_head
         llm.llm_engine.runner.model.greedy_screen = None
     tok = llm.get_tokenizer()
@@ -241,6 +242,9 @@ PHASES = {
                                                                                   resident=False)),
     "folio-no-panels": ("folio float32, no decode panels", lambda a: run_folio(a, "float32", True, False,
                                                                              panels=False)),
+    "folio-eager": ("folio float32, no CPU step graphs", lambda a: run_folio(a, "float32", True, False, eager=True)),
+    "folio-bf16-eager": ("folio bfloat16, no CPU step graphs",
+                         lambda a: run_folio(a, "bfloat16", True, False, eager=True)),
     "folio-bf16-faulting": ("folio bfloat16, pages faulted in as used",
                             lambda a: run_folio(a, "bfloat16", True, False, resident=False)),
     "folio-bf16-pytorch-ops": ("folio bfloat16, elementwise ops in PyTorch",
@@ -256,7 +260,8 @@ PHASES = {
 PEER_OF = {"vllm": "folio", "vllm-bf16": "folio-bf16"}
 # the same for the engine without its native elementwise ops (kernels/csrc/fused_cpu.c)
 BASELINE_OF = {"folio-pytorch-ops": "folio", "folio-bf16-pytorch-ops": "folio-bf16", "folio-no-screen": "folio",
-               "folio-faulting": "folio", "folio-bf16-faulting": "folio-bf16", "folio-no-panels": "folio"}
+               "folio-faulting": "folio", "folio-bf16-faulting": "folio-bf16", "folio-no-panels": "folio",
+               "folio-eager": "folio", "folio-bf16-eager": "folio-bf16"}
 # the engines each GEMM floor bounds: an engine that runs these GEMMs cannot beat the floor's tok/s
 FLOOR_OF = {"gemm-floor": ("folio", "vllm"), "gemm-floor-bf16": ("folio-bf16", "vllm-bf16")}
 CORES = {"1": ("1", 1), "2": ("0,1", 2)}  # --cores -> (taskset cpu list, threads)

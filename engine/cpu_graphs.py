@@ -17,9 +17,12 @@ output is used before the next step), laid out by liveness as an allocator would
 takes memory that no later step of the pass reads, so a graph holds about one layer's temporaries and
 they stay in cache, as eager steps' do. The recorded pointers are moved with them.
 
-Unlike a CUDA graph, a CPU graph is recorded lazily, by the first step of its size (whose result it is),
-and for every size exactly: padding a batch would add real work. When a recording needs more arena than
-there is, the arena grows and the graphs laid out in the old one are recorded again on their next use.
+Unlike a CUDA graph, a CPU graph is recorded lazily, by a step of its size (whose result it is), and for
+every size exactly: padding a batch would add real work. A recording costs about two steps and some tens
+of milliseconds, so a size is recorded once it has run `RECORD_AFTER` times (a server's batch sizes
+recur; the tail of an offline batch shrinks through each size once or twice). When a recording needs more
+arena than there is, the arena grows and the graphs laid out in the old one are recorded again on their
+next use.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from folio.kernels.recording import NativeCall, NotReplayable, recording
 
 log = logging.getLogger(__name__)
 
-# The largest decode batch recorded: beyond it a step's Python is a few percent of its kernels' time.
-MAX_RECORDED_BATCH = 32
+# The largest decode batch recorded (a step's Python is still 3-4% of a 64-sequence step of SmolLM2).
+MAX_RECORDED_BATCH = 256
 # The most memory the graphs' arena takes: a batch size whose pass needs more runs eagerly.
 MAX_ARENA_BYTES = 256 << 20
+RECORD_AFTER = 4  # eager steps of a batch size before its step is recorded
 _ALIGN = 64  # bytes: each tensor starts on a cache line
 _ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
                           torch.ops.aten.empty_strided.default})  # fmt: skip
@@ -64,8 +68,10 @@ class Arena:
         self.generation = 0
 
     def reserve(self, nbytes: int) -> None:
+        """At least ``nbytes``; a new buffer (a new generation) at least twice the old one's size, up to
+        `MAX_ARENA_BYTES`."""
         if nbytes > self.buffer.numel():
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.buffer = torch.empty(max(nbytes, min(2 * self.buffer.numel(), MAX_ARENA_BYTES)), dtype=torch.uint8)
             self.generation += 1
 
     def view(self, offset: int, like: torch.Tensor) -> torch.Tensor:
@@ -211,10 +217,10 @@ class CpuStepGraph:
         self.nbytes = 0  # the arena bytes it needs
         self._steps: list[NativeCall] = []
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def capture(self, fn: Callable[[], torch.Tensor], *, headroom: float = 1.0) -> torch.Tensor:
         """Runs ``fn`` (which reads only static buffers) once, recording it, then moves its tensors into
-        the arena (growing it if needed) and replays it there; returns its output, in the arena. Raises
-        `NotReplayable` if some op of it cannot be replayed."""
+        the arena (grown, if it must, to ``headroom`` times this graph's need) and replays it there;
+        returns its output, in the arena. Raises `NotReplayable` if some op of it cannot be replayed."""
         steps: list[NativeCall] = []  # the native calls and the ops, in the order they ran
         recorder = _Recorder(steps)
         with recording(steps), recorder:
@@ -223,7 +229,8 @@ class CpuStepGraph:
         self.nbytes = layout.nbytes
         if self.nbytes > MAX_ARENA_BYTES:
             raise NotReplayable(f"its tensors need {self.nbytes / 2**20:.0f} MiB of arena")
-        self.arena.reserve(self.nbytes)
+        if self.nbytes > self.arena.buffer.numel():
+            self.arena.reserve(min(int(self.nbytes * headroom), MAX_ARENA_BYTES))
         self.generation = self.arena.generation
         self._steps = [layout.move(step, self.arena) for step in steps]
         out = layout.move(out, self.arena)
@@ -249,7 +256,10 @@ class CpuDecodeGraphs:
         self.arena = Arena()
         self._graphs: dict[int, tuple[CpuStepGraph, torch.Tensor]] = {}
         self._eager: set[int] = set()  # sizes that cannot be recorded
+        self._runs: dict[int, int] = {}  # eager steps per size not recorded yet
         self.recordings = 0  # how many passes were recorded (the tests read it)
+        with _Recorder([]):  # PyTorch imports the dispatch-mode machinery on first use (about a second)
+            torch.empty(0)
 
     def _context(self, n: int) -> AttentionContext:
         """The native CPU decode path's context over the static buffers: the rows' own block tables, read
@@ -266,7 +276,8 @@ class CpuDecodeGraphs:
     def _record(self, n: int) -> torch.Tensor:
         graph = CpuStepGraph(self.arena)
         try:
-            out = graph.capture(functools.partial(self._pass, n))
+            # an arena for the largest batch at once, as the passes grow about linearly with the batch
+            out = graph.capture(functools.partial(self._pass, n), headroom=self.max_batch_size / n)
         except NotReplayable as exc:
             log.info("decode steps of %d sequences run eagerly: %s", n, exc)
             self._eager.add(n)
@@ -289,10 +300,11 @@ class CpuDecodeGraphs:
         if not 0 < n <= self.max_batch_size:
             raise ValueError(f"a decode step of {n} sequences has no CPU graph (1..{self.max_batch_size})")
         self.buffers.load(input_ids, positions, slot_mapping, block_tables, context_lens)
-        if n in self._eager:
-            return self._pass(n)
         recorded = self._graphs.get(n)
-        if recorded is None or recorded[0].generation != self.arena.generation:  # laid out in an old arena
+        if recorded is None or recorded[0].generation != self.arena.generation:  # none, or in an old arena
+            runs = self._runs[n] = self._runs.get(n, 0) + 1
+            if n in self._eager or runs <= RECORD_AFTER:
+                return self._pass(n)
             return self._record(n)
         graph, out = recorded
         graph.replay()

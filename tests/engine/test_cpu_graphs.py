@@ -60,11 +60,14 @@ def test_what_replay_would_freeze_is_not_replayable() -> None:
 
 
 def _echo(ids: torch.Tensor, pos: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-    """A 'model' whose rows echo the step's inputs, written into a new tensor through views."""
+    """A 'model' whose rows echo the step's inputs, written into a new tensor through views (with a
+    scratch tensor that grows with the square of the batch, so a larger batch outgrows the arena)."""
     assert ctx.decode_block_tables is not None and ctx.decode_context_lens is not None and not ctx.prefills
-    out = torch.empty(ids.shape[0], 5, dtype=torch.float64)
+    n = ids.shape[0]
+    out = torch.empty(n, 5, dtype=torch.float64)
+    scratch = torch.zeros(n * n * 64, dtype=torch.float64)
     for col, values in enumerate((ids, pos, ctx.slot_mapping, ctx.decode_context_lens, ctx.decode_block_tables[:, 1])):
-        out[:, col] = values
+        out[:, col] = values + scratch[:n]
     return out
 
 
@@ -76,35 +79,47 @@ def _step(graphs: CpuDecodeGraphs, n: int, base: int) -> None:
     assert torch.equal(out, expected)
 
 
-def test_decode_graphs_record_each_size_once_and_grow_their_arena() -> None:
+def test_a_size_is_recorded_once_it_recurs() -> None:
     graphs = CpuDecodeGraphs(_echo, max_batch_size=8, max_model_len=64, block_size=4)
     assert graphs.buffers.block_tables.shape == (8, 16)  # every pass allows the whole context
-    _step(graphs, 3, 100)  # recorded: this step's result is the recording's
+    for base in range(cpu_graphs_module.RECORD_AFTER):
+        _step(graphs, 3, 100 * base)  # eager
+    assert graphs.recordings == 0 and not graphs._graphs
+    _step(graphs, 3, 500)  # recorded: this step's result is the recording's
     assert graphs.recordings == 1 and set(graphs._graphs) == {3}
-    for base in (200, 300):
+    for base in (600, 700):
         _step(graphs, 3, base)  # replayed
     assert graphs.recordings == 1
-    generation = graphs.arena.generation
-    _step(graphs, 8, 400)  # a larger pass outgrows the arena: size 3's graph is laid out again on next use
-    assert graphs.arena.generation > generation and graphs.recordings == 2
-    _step(graphs, 3, 500)
-    assert graphs.recordings == 3
-    for base in (600, 700):
-        _step(graphs, 3, base)
-        _step(graphs, 8, base)
-    assert graphs.recordings == 3
     with pytest.raises(ValueError, match="no CPU graph"):
         _step(graphs, 9, 0)
 
 
+def test_graphs_in_an_outgrown_arena_are_recorded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_graphs_module, "RECORD_AFTER", 0)
+    graphs = CpuDecodeGraphs(_echo, max_batch_size=8, max_model_len=64, block_size=4)
+    _step(graphs, 2, 100)
+    _step(graphs, 2, 200)
+    assert graphs.recordings == 1
+    generation = graphs.arena.generation
+    _step(graphs, 8, 300)  # the scratch grows with n^2: more than the arena's linear headroom
+    assert graphs.arena.generation > generation and graphs.recordings == 2
+    _step(graphs, 2, 400)  # laid out in the old arena: recorded again
+    assert graphs.recordings == 3
+    for base in (500, 600):
+        _step(graphs, 2, base)
+        _step(graphs, 8, base)
+    assert graphs.recordings == 3
+
+
 def test_a_size_over_the_arena_budget_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_graphs_module, "MAX_ARENA_BYTES", 64)  # one row of the echo's float64 output
+    monkeypatch.setattr(cpu_graphs_module, "RECORD_AFTER", 0)
+    monkeypatch.setattr(cpu_graphs_module, "MAX_ARENA_BYTES", 1024)  # size 1's pass fits, size 6's does not
     graphs = CpuDecodeGraphs(_echo, max_batch_size=8, max_model_len=64, block_size=4)
     for base in (100, 200, 300):
         _step(graphs, 1, base)
         _step(graphs, 6, base)
     assert set(graphs._graphs) == {1} and graphs._eager == {6}
-    assert graphs.arena.buffer.numel() <= 64
+    assert graphs.arena.buffer.numel() <= 1024
 
 
 @torch.inference_mode()
@@ -138,9 +153,12 @@ def _generate(path: Path, dtype: str, params: list[SamplingParams], prompts: lis
     ("variant", "dtype", "temperature"),
     [("llama-gqa3-tied", "float32", 0.0), ("qwen2-bias", "float32", 1.0), ("mistral", "bfloat16", 0.0)],
 )
-def test_engine_tokens_with_graphs_are_the_eager_engines(tiny_variant, variant: str, dtype: str, temperature: float) -> None:
+def test_engine_tokens_with_graphs_are_the_eager_engines(
+    tiny_variant, monkeypatch: pytest.MonkeyPatch, variant: str, dtype: str, temperature: float
+) -> None:
     """Sequences of different lengths finish at different steps, so the decode batch passes through many
-    sizes, each recorded by its first step and replayed after; sampled requests are seeded."""
+    sizes, each recorded by its second step and replayed after; sampled requests are seeded."""
+    monkeypatch.setattr(cpu_graphs_module, "RECORD_AFTER", 1)
     prompts, params = mixed_workload(17)
     params = [SamplingParams(temperature=temperature, max_tokens=p.max_tokens, ignore_eos=True, seed=i)
               for i, p in enumerate(params)]  # fmt: skip

@@ -81,7 +81,8 @@ class Arena:
 
 @dataclass
 class _Allocation:
-    tensor: torch.Tensor  # where the recording ran
+    start: int  # its address while the pass was recorded
+    nbytes: int
     first: int  # the index of the first step that may write it
     last: int = -1  # the last step that reads or writes it
     offset: int = 0  # its place in the arena
@@ -101,15 +102,22 @@ def _storages(values: Any) -> set[int]:
 
 class _Recorder(TorchDispatchMode):
     """Sees every PyTorch op of the recorded pass; keeps what replay must run again, in order, in ``steps``
-    (shared with the native calls' recording), and every tensor the pass allocated."""
+    (shared with the native calls' recording), and where and when the pass allocated each tensor. The
+    tensors themselves go as the pass drops them, as in an eager step, so an address may serve several."""
 
     def __init__(self, steps: list[NativeCall]) -> None:
         super().__init__()
         self.steps = steps
         self.allocations: list[_Allocation] = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Nothing records under torch.compile, so the handler needs no torch._dynamo.disable wrapper, whose
+        # first call imports torch._dynamo (1.7 s and 140 MiB here).
+        return False
+
     def _new(self, t: torch.Tensor) -> torch.Tensor:
-        self.allocations.append(_Allocation(t, len(self.steps)))
+        self.allocations.append(_Allocation(t.data_ptr(), max(_extent(t), 1), len(self.steps)))
         return t
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -133,43 +141,64 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def _map(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` rebuilt with ``leaf`` applied to each pointer, tensor or other leaf, in a fixed order."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, leaf) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, leaf) for k, v in value.items()}
+    if isinstance(value, functools.partial):
+        return functools.partial(value.func, *_map(value.args, leaf), **_map(value.keywords, leaf))
+    return leaf(value)
+
+
+def _address(value: Any) -> int | None:
+    if isinstance(value, torch.Tensor):
+        return None if value.is_mkldnn else value.data_ptr()
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class _Layout:
-    """Where each allocation of a recording goes in the arena, and the recorded values moved there."""
+    """Where each allocation of a recording goes in the arena, and the recorded steps moved there.
+
+    A pointer (or tensor) of step i belongs to the allocation that held its address at step i: the latest
+    one allocated there by then (an earlier one at that address was freed before it came)."""
 
     def __init__(self, allocations: list[_Allocation], steps: list[NativeCall], out: torch.Tensor) -> None:
-        self.allocations = sorted(allocations, key=lambda a: a.tensor.data_ptr())
-        self._starts = [a.tensor.data_ptr() for a in self.allocations]
-        for i, (fn, args) in enumerate(steps):
-            for value in _leaves((fn, args)):
-                found = self._find(value)
-                if found is not None:
-                    found.last = i
-        found = self._find(out)
-        assert found is not None, "the recorded pass must return a tensor it allocated"
-        found.last = len(steps)  # the output lives on after the last step
-        self.nbytes = self._place()
+        self.allocations = sorted(allocations, key=lambda a: a.first)  # stable: allocation order
+        self._steps: list[Any] = [*steps, out]  # the output: read after the last step
+        self._owners: list[list[_Allocation | None]] = []
+        starts: list[int] = []  # the allocations live at the current step, by address
+        owners: list[_Allocation] = []
+        k = 0
+        for i, step in enumerate(self._steps):
+            while k < len(self.allocations) and self.allocations[k].first <= i:
+                _insert(starts, owners, self.allocations[k])
+                k += 1
+            resolved: list[_Allocation | None] = []
 
-    def _find(self, value: Any) -> _Allocation | None:
-        """The allocation a pointer (an int) or a tensor lies in, if any."""
-        if isinstance(value, torch.Tensor):
-            if value.is_mkldnn:
-                return None
-            value = value.data_ptr()
-        if not isinstance(value, int) or isinstance(value, bool):
-            return None
-        i = bisect.bisect_right(self._starts, value) - 1
-        if i < 0:
-            return None
-        a = self.allocations[i]
-        return a if value < self._starts[i] + max(_extent(a.tensor), 1) else None
+            def resolve(value: Any, i: int = i, resolved: list[_Allocation | None] = resolved) -> Any:
+                address, owner = _address(value), None
+                if address is not None:
+                    j = bisect.bisect_right(starts, address) - 1
+                    if j >= 0 and address < starts[j] + owners[j].nbytes:
+                        owner = owners[j]
+                        owner.last = i
+                resolved.append(owner)
+                return value
+
+            _map(step, resolve)
+            self._owners.append(resolved)
+        assert self._owners[-1][0] is not None, "the recorded pass must return a tensor it allocated"
+        self.nbytes = self._place()
 
     def _place(self) -> int:
         """First fit in allocation order, reusing what no later step touches; the bytes needed."""
         live: list[tuple[int, int, int]] = []  # (offset, end, last step)
         top = 0
-        for a in sorted(self.allocations, key=lambda a: a.first):
+        for a in self.allocations:
             live = [(o, e, last) for o, e, last in live if last >= a.first]
-            size = -(-max(_extent(a.tensor), 1) // _ALIGN) * _ALIGN
+            size = -(-a.nbytes // _ALIGN) * _ALIGN
             offset = 0
             for o, e, _ in sorted(live):
                 if offset + size <= o:
@@ -180,31 +209,35 @@ class _Layout:
             top = max(top, offset + size)
         return top
 
-    def move(self, value: Any, arena: Arena) -> Any:
-        """``value`` (a pointer, a tensor or a container of them) as it reads once moved into ``arena``."""
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.move(v, arena) for v in value)
-        if isinstance(value, dict):
-            return {k: self.move(v, arena) for k, v in value.items()}
-        if isinstance(value, functools.partial):
-            return functools.partial(value.func, *self.move(value.args, arena), **self.move(value.keywords, arena))
-        a = self._find(value)
-        if a is None:
-            return value
-        base = arena.buffer.data_ptr() + a.offset
-        if isinstance(value, int):
-            return base + (value - a.tensor.data_ptr())
-        return arena.view(base - arena.buffer.data_ptr() + (value.data_ptr() - a.tensor.data_ptr()), value)
+    def moved(self, arena: Arena) -> tuple[list[NativeCall], torch.Tensor]:
+        """The steps and the output with their pointers and tensors moved into ``arena``."""
+        base = arena.buffer.data_ptr()
+        moved = []
+        for step, owners in zip(self._steps, self._owners, strict=True):
+            found = iter(owners)
+
+            def move(value: Any, found: Any = found) -> Any:
+                a = next(found)
+                if a is None:
+                    return value
+                if isinstance(value, int):
+                    return base + a.offset + (value - a.start)
+                return arena.view(a.offset + (value.data_ptr() - a.start), value)
+
+            moved.append(_map(step, move))
+        return moved[:-1], moved[-1]
 
 
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    if isinstance(value, dict):
-        return _leaves(list(value.values()))
-    if isinstance(value, functools.partial):
-        return _leaves((value.args, value.keywords))
-    return [value]
+def _insert(starts: list[int], owners: list[_Allocation], a: _Allocation) -> None:
+    """Adds ``a`` to the live map, dropping the allocations it overlaps (freed before it came)."""
+    j = bisect.bisect_left(starts, a.start)
+    if j > 0 and starts[j - 1] + owners[j - 1].nbytes > a.start:
+        j -= 1
+    k = j
+    while k < len(starts) and starts[k] < a.start + a.nbytes:
+        k += 1
+    starts[j:k] = [a.start]
+    owners[j:k] = [a]
 
 
 class CpuStepGraph:
@@ -226,14 +259,14 @@ class CpuStepGraph:
         with recording(steps), recorder:
             out = fn()
         layout = _Layout(recorder.allocations, steps, out)
+        del steps, out  # the recording's tensors go; the arena takes over
         self.nbytes = layout.nbytes
         if self.nbytes > MAX_ARENA_BYTES:
             raise NotReplayable(f"its tensors need {self.nbytes / 2**20:.0f} MiB of arena")
         if self.nbytes > self.arena.buffer.numel():
             self.arena.reserve(min(int(self.nbytes * headroom), MAX_ARENA_BYTES))
         self.generation = self.arena.generation
-        self._steps = [layout.move(step, self.arena) for step in steps]
-        out = layout.move(out, self.arena)
+        self._steps, out = layout.moved(self.arena)
         self.replay()  # the result again, computed where the replays will compute it
         return out
 
@@ -258,8 +291,6 @@ class CpuDecodeGraphs:
         self._eager: set[int] = set()  # sizes that cannot be recorded
         self._runs: dict[int, int] = {}  # eager steps per size not recorded yet
         self.recordings = 0  # how many passes were recorded (the tests read it)
-        with _Recorder([]):  # PyTorch imports the dispatch-mode machinery on first use (about a second)
-            torch.empty(0)
 
     def _context(self, n: int) -> AttentionContext:
         """The native CPU decode path's context over the static buffers: the rows' own block tables, read

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from folio.engine import LLM, SamplingParams
+from folio.engine.cpu_graphs import RECORD_AFTER
 
 
 def decode_step_ms(llm: LLM, sequences: int, steps: int = 40) -> float:
@@ -17,7 +18,8 @@ def decode_step_ms(llm: LLM, sequences: int, steps: int = 40) -> float:
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or \
             engine.scheduler.waiting:  # fmt: skip
         engine.step()  # the prompts' prefill
-    engine.step()  # the first decode step of this size (a CPU step graph records it)
+    for _ in range(RECORD_AFTER + 1):  # the size's eager steps, then its CPU step graph's recording
+        engine.step()
     times = []
     for _ in range(steps):
         start = time.perf_counter()

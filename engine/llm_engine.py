@@ -1,8 +1,9 @@
 """The engine: requests in, one scheduler step at a time, what each request gained in it back.
 
-Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. On CUDA,
-decode-only steps replay CUDA graphs captured at start-up (`folio.engine.cuda_graphs`); prefill and mixed
-steps run eagerly, as every step does with `EngineConfig.enforce_eager` or on the CPU.
+Not thread-safe: one owner (the offline `LLM` or the server's engine loop) calls every method. Decode-only
+steps replay graphs: on CUDA those captured at start-up (`folio.engine.cuda_graphs`), on the CPU step
+graphs recorded once a batch size recurs (`folio.engine.cpu_graphs`); prefill and mixed steps run eagerly,
+as every step does with `EngineConfig.enforce_eager`.
 """
 
 from __future__ import annotations

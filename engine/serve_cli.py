@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     eng.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     eng.add_argument(
-        "--enforce-eager", action=argparse.BooleanOptionalAction, default=False, help="no CUDA graphs"
-    )
+        "--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
+        help="no decode graphs (CUDA graphs, CPU step graphs)",
+    )  # fmt: skip
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
     eng.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"

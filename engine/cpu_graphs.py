@@ -1,8 +1,8 @@
 """CPU step graphs for decode steps: a forward pass recorded once per batch size, replayed without its Python.
 
 On the CPU a small model's decode step spends milliseconds between its kernels: SmolLM2's 30 layers make
-about 190 native kernel calls and 400 tensor allocations and views a step, 3.8 ms of Python in a 28 ms
-step of 8 sequences (bench/README.md, "CPU step graphs"). As with CUDA graphs (`folio.engine.cuda_graphs`),
+about 190 native kernel calls and 400 tensor allocations and views a step, 3.8 ms of Python in the 27 ms
+forward pass of 8 sequences (bench/README.md, "CPU step graphs"). As with CUDA graphs (`folio.engine.cuda_graphs`),
 a decode step's work depends on its batch size, not on its values, so it is recorded once and replayed:
 
 - the native kernels' calls (data pointers and sizes) come from `folio.kernels.recording`;
@@ -318,19 +318,13 @@ class CpuDecodeGraphs:
         return out
 
     @torch.inference_mode()
-    def run(
-        self,
-        input_ids: torch.Tensor,  # [n] int64
-        positions: torch.Tensor,  # [n] int64
-        slot_mapping: torch.Tensor,  # [n] int64
-        block_tables: torch.Tensor,  # [n, w] int32
-        context_lens: torch.Tensor,  # [n] int32, this step's token included
-    ) -> torch.Tensor:
-        """Hidden states [n, hidden] of one decode step, valid until the next ``run``."""
-        n = input_ids.shape[0]
+    def run(self, *step: torch.Tensor) -> torch.Tensor:
+        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them;
+        valid until the next ``run``."""
+        n = step[0].shape[0]
         if not 0 < n <= self.max_batch_size:
             raise ValueError(f"a decode step of {n} sequences has no CPU graph (1..{self.max_batch_size})")
-        self.buffers.load(input_ids, positions, slot_mapping, block_tables, context_lens)
+        self.buffers.load(*step)
         recorded = self._graphs.get(n)
         if recorded is None or recorded[0].generation != self.arena.generation:  # none, or in an old arena
             runs = self._runs[n] = self._runs.get(n, 0) + 1

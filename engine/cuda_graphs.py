@@ -203,20 +203,13 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()  # the buffers are inference tensors (made under the runner's inference mode)
-    def run(
-        self,
-        input_ids: torch.Tensor,  # [n] int64: each sequence's newest token
-        positions: torch.Tensor,  # [n] int64: its position
-        slot_mapping: torch.Tensor,  # [n] int64: the cache slot its K/V goes to
-        block_tables: torch.Tensor,  # [n, w] int32, w <= cdiv(max_model_len, block_size)
-        context_lens: torch.Tensor,  # [n] int32, this step's token included
-    ) -> torch.Tensor:
-        """Hidden states [n, hidden] of one decode step. The result is a view of a static output: use it
-        before the next ``run``."""
-        n = input_ids.shape[0]
+    def run(self, *step: torch.Tensor) -> torch.Tensor:
+        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them.
+        The result is a view of a static output: use it before the next ``run``."""
+        n = step[0].shape[0]
         size = self.size_for(n)
         if size is None or n == 0:
             raise ValueError(f"a decode step of {n} sequences has no captured graph (1..{self.max_batch_size})")
-        self.buffers.load(input_ids, positions, slot_mapping, block_tables, context_lens, pad_to=size)
+        self.buffers.load(*step, pad_to=size)
         self._graphs[size].replay()
         return self._outputs[size][:n]

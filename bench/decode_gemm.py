@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 # SmolLM2-135M's projections, [out, in]: merged QKV (9 + 2 * 3 heads of 64), output, merged gate-up, down
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
-ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 def best_seconds(fn: Callable[[], object], repeat: int) -> float:

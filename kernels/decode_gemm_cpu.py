@@ -25,26 +25,32 @@ except ImportError:  # built without a C compiler: callers keep oneDNN
 AVAILABLE = _cpu_decode_gemm is not None and bool(_cpu_decode_gemm.available())
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 PANEL = 16  # weight rows per panel: one AVX-512 vector of float32 outputs
-MAX_ROWS = 32  # the most rows the kernel takes
+MAX_ROWS = 64  # the most rows the kernel takes
 # Up to how many rows it beats oneDNN (bench/decode_gemm.py, two cores of the Zen 4 development machine): in
-# float32 1.4-1.5x at 1-2 rows, 1.2x at 4-16 and 1.1x at 24-32 (one-panel tiles of 16 rows from 9 on: served
-# steps of 16 and 32 sequences 5-12% more output); bfloat16 1.3-1.5x at 1-2 rows, 0.95-1.1x at 4 and behind
-# from 8 on, where oneDNN's AVX512-BF16 dot products double the multiply rate of the kernel's widened float32.
-FASTER_UP_TO = {torch.float32: 32, torch.bfloat16: 2}
+# float32 1.8x at 1-2 rows, 1.3-1.5x at 4-12, 1.1-1.3x at 16-48, 1.03x at 64; bfloat16 on AVX512-BF16's dot
+# products 1.4x at 1-2 rows, 1.2-1.35x at 4-48, 1.1x at 64 (widened to float32 instead, as before the dot
+# products, it lost to oneDNN's from 4 rows).
+FASTER_UP_TO = {torch.float32: 64, torch.bfloat16: 64}
 if _cpu_decode_gemm is not None:
     share_torch_threads(_cpu_decode_gemm)
 
 
 class Panels:
-    """A weight ``[N, K]`` laid out for the kernel: ``[ceil(N / 16), K, 16]``, rows past N zero."""
+    """A weight ``[N, K]`` laid out for the kernel, rows past N zero: float32 ``[ceil(N / 16), K, 16]``;
+    bfloat16 in pairs of K, ``[ceil(N / 16), ceil(K / 2), 16, 2]`` (k past K zero), the operand order of
+    AVX512-BF16's dot products. Either way one 64-byte step of a panel per k (float32) or pair of k."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         require(weight.dim() == 2 and weight.dtype in DTYPES and weight.device.type == "cpu",
                 lambda: f"weight must be a 2-D float32 or bfloat16 CPU tensor, got {weight.dtype} "
                         f"{tuple(weight.shape)} on {weight.device}")
         self.out_features, self.in_features = weight.shape
-        padded = F.pad(weight.detach(), (0, 0, 0, -self.out_features % PANEL))
-        self.data = padded.reshape(-1, PANEL, self.in_features).transpose(1, 2).contiguous()
+        pairs = weight.dtype == torch.bfloat16
+        padded = F.pad(weight.detach(), (0, self.in_features % 2 if pairs else 0, 0, -self.out_features % PANEL))
+        if pairs:
+            self.data = padded.reshape(-1, PANEL, padded.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+        else:
+            self.data = padded.reshape(-1, PANEL, self.in_features).transpose(1, 2).contiguous()
         self.dtype = weight.dtype
 
 
@@ -78,6 +84,13 @@ def decode_gemm(x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = Non
                           out.data_ptr(), x.shape[0], panels.out_features, panels.in_features, DTYPES[x.dtype],
                           torch.get_num_threads())
     return out
+
+
+def bf16_dot(on: bool | None = None) -> bool:
+    """Whether bfloat16 runs on AVX512-BF16's dot products (where the CPU has them) rather than widened to
+    float32; ``False`` turns them off for this process, ``True`` back to what the CPU has (the tests run both)."""
+    assert _cpu_decode_gemm is not None, "folio.kernels._cpu_decode_gemm was not built"
+    return bool(_cpu_decode_gemm.bf16_dot(-1 if on is None else int(on)))
 
 
 def decode_gemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

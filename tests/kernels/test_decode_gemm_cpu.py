@@ -7,6 +7,8 @@ bfloat16 step). Where the engine takes it (`folio.engine.layers.linear`) and whe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -17,6 +19,21 @@ from folio.kernels.decode_gemm_cpu import MAX_ROWS, decode_gemm, decode_gemm_ref
 
 pytestmark = pytest.mark.skipif(not decode_gemm_cpu.AVAILABLE, reason="this CPU has no AVX-512F")
 DTYPES = [torch.float32, torch.bfloat16]
+# bfloat16 on AVX512-BF16's dot products where the CPU has them, and widened to float32 (every CPU)
+PATHS = [pytest.param(True, id="dot"), pytest.param(False, id="widened")]
+
+
+@pytest.fixture(params=PATHS)
+def bf16_path(request: pytest.FixtureRequest) -> Iterator[bool]:
+    dot = request.param
+    if dot and not decode_gemm_cpu.bf16_dot():
+        pytest.skip("this CPU has no AVX512-BF16")
+    decode_gemm_cpu.bf16_dot(dot)
+    try:
+        assert decode_gemm_cpu.bf16_dot() == dot
+        yield dot
+    finally:
+        decode_gemm_cpu.bf16_dot(True)
 
 
 def assert_near_exact(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -31,22 +48,34 @@ def assert_near_exact(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias:
     assert excess.max().item() <= 0, f"{(excess > 0).sum().item()} of {got.numel()} values outside the bound"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "k"), [(576, 576), (1728, 576), (576, 1536), (37, 100), (16, 7), (33, 1)])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with_bias: bool) -> None:
+def check_exact_product(dtype: torch.dtype, n: int, k: int, with_bias: bool) -> None:
     g = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
     panels = pack(w)
-    # One row, two-panel tiles of up to eight; from nine on one-panel tiles of up to 16, a second pass short
-    # (17, 23) or full (32)
-    for m in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 23, 32):
+    # One row, two-panel tiles of up to eight; from nine on one-panel tiles of up to 16, later passes short
+    # (17, 23, 47) or full (32, 64)
+    for m in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 23, 32, 47, MAX_ROWS):
         wide = torch.randn(m, k + 5, generator=g).to(dtype)
         x = wide[:, 2 : 2 + k]  # rows further apart than they are long
         got = decode_gemm(x, panels, bias)
         assert got.dtype == dtype and got.shape == (m, n) and got.is_contiguous()
         assert_near_exact(got, x, w, bias)
+
+
+SHAPES = [(576, 576), (1728, 576), (576, 1536), (37, 100), (16, 7), (33, 1)]  # odd K: the last pair half zero
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_matches_the_exact_product(n: int, k: int, with_bias: bool) -> None:
+    check_exact_product(torch.float32, n, k, with_bias)
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_matches_the_exact_product(bf16_path: bool, n: int, k: int, with_bias: bool) -> None:
+    check_exact_product(torch.bfloat16, n, k, with_bias)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -71,6 +100,15 @@ def test_panels_hold_the_rows_sixteen_at_a_time_with_zero_padding() -> None:
     assert panels.data.shape == (3, 3, 16) and (panels.out_features, panels.in_features) == (37, 3)
     assert torch.equal(panels.data[1, 2], w[16:32, 2])  # panel 1, k = 2: rows 16..31
     assert torch.equal(panels.data[2, :, :5].T, w[32:]) and not panels.data[2, :, 5:].any()
+
+
+def test_bfloat16_panels_hold_pairs_of_k_for_sixteen_rows() -> None:
+    w = torch.arange(20 * 5, dtype=torch.float32).reshape(20, 5).to(torch.bfloat16)
+    panels = pack(w)
+    assert panels.data.shape == (2, 3, 16, 2) and (panels.out_features, panels.in_features) == (20, 5)
+    assert torch.equal(panels.data[0, 1], w[:16, 2:4])  # panel 0, pair 1: k = 2 and 3 of rows 0..15
+    assert torch.equal(panels.data[1, 2, :4, 0], w[16:, 4]) and not panels.data[1, 2, :, 1].any()  # K odd
+    assert not panels.data[1, :, 4:].any()  # rows past N
 
 
 def test_bad_inputs_raise_before_running() -> None:

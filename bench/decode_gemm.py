@@ -2,7 +2,7 @@
 GEMM on the prepacked weight (what the engine runs otherwise), in the same run.
 
 One pass is every projection of SmolLM2's 30 layers (merged QKV, output, merged gate-up, down: 107 M
-weights) at 1 to 32 rows, float32 and bfloat16 (bfloat16 only where oneDNN runs it prepacked);
+weights) at 1 to 64 rows, float32 and bfloat16 (bfloat16 only where oneDNN runs it prepacked);
 best of --repeat passes. The pass reads each weight once, so the table also prints the weights' bytes over
 the time (GB/s) next to a plain `sum` over the same bytes, the rate a pass over memory reaches here.
 

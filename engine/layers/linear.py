@@ -12,9 +12,9 @@ batch 1 (`bench/cpu_paths.py`, bench/README.md); its results differ from MKL's o
 
 Decode steps of a few rows are bound by reading the weights, not by the multiplies: there each prepacked
 weight carries a second copy in `folio.kernels.decode_gemm_cpu`'s panels (`add_decode_panels`), whose
-kernel streams them at 1.2-1.5x oneDNN's rate up to 16 rows in float32 (1.1x at 24-32, where it is bound by
-the multiplies as much) and up to 2 in bfloat16 (bench/decode_gemm.py), at the cost of holding the
-projections twice.
+kernel streams them at 1.3-1.8x oneDNN's rate up to 12 rows in float32 (1.03-1.25x at 16-64, where it is
+bound by the multiplies as much) and 1.1-1.45x up to 64 in bfloat16 on AVX512-BF16's dot products
+(bench/decode_gemm.py), at the cost of holding the projections twice.
 
 bfloat16: `F.linear` already runs oneDNN's matmul on a CPU with bfloat16 instructions (AVX-512 BF16, AMX),
 but re-lays-out the weight on every call; prepacked, the same GEMM gives bit-identical results without

@@ -1,23 +1,26 @@
-/* The projections of a CPU decode step with few rows: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16.
+/* The projections of a CPU decode step with few rows: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 64.
  *
  * With a handful of rows a projection is a pass over its weights: each weight is read once from memory and
  * used M times, so the time is the weights' bytes over the memory bandwidth the kernel sustains. oneDNN's
  * GEMM, blocked for large batches, sustains about 20 GB/s on two cores of the development machine there,
  * where a plain sum over the same bytes reaches 31. This kernel reads the weights as one sequential stream
- * per thread, in a layout of its own ("panels": W's rows 16 at a time, [N/16][K][16], made by the Python
- * wrapper, folio.kernels.decode_gemm_cpu), prefetched ahead into L2, and broadcasts each row of x across the 16
- * output columns of a panel, so that no horizontal sum is needed. Up to 8 rows, where the weights' bytes
- * bound the time: two panels at a time and up to 8 rows of x per pass (16 accumulators), two streams of
- * weights in flight. From 9 rows on the multiply-adds bound it as much as the bytes do (Zen 4 issues one
- * 512-bit multiply-add a cycle): one panel at a time and up to 16 rows per pass (16 accumulators), so each
- * weight comes from memory once and serves all 16 rows, where two 8-row passes over two panels read it once
- * from memory and once more from L2; a second pass takes rows 17-32 from L2. bench/decode_gemm.py has the
- * rates against oneDNN's.
+ * per thread, in a layout of its own ("panels" of W's rows 16 at a time, made by the Python wrapper,
+ * folio.kernels.decode_gemm_cpu: float32 [N/16][K][16], bfloat16 in pairs of k [N/16][K/2][16][2], 64 bytes
+ * a step either way), prefetched ahead into L2, and broadcasts each row of x across the 16 output columns of
+ * a panel, so that no horizontal sum is needed. Up to 8 rows, where the weights' bytes bound the time: two
+ * panels at a time and up to 8 rows of x per pass (16 accumulators), two streams of weights in flight. From
+ * 9 rows on the multiply-adds bound it as much as the bytes do (Zen 4 issues one 512-bit multiply-add a
+ * cycle): one panel at a time and up to 16 rows per pass (16 accumulators), so each weight comes from memory
+ * once and serves all 16 rows, where two 8-row passes over two panels read it once from memory and once
+ * more from L2; later passes take rows 17-64 from L1 or L2. bench/decode_gemm.py has the rates against
+ * oneDNN's.
  *
- * Arithmetic: float32 multiply-adds (fused), bfloat16 weights and rows widened exactly to float32, the sum
- * over K in order for each output, the bias added last and a bfloat16 result rounded to nearest even once.
- * The result differs from oneDNN's only in summation order; bfloat16 products are exact in float32, so the bfloat16 result is at least as
- * close to the exact one as oneDNN's.
+ * Arithmetic: float32 multiply-adds (fused), the sum over K in order for each output, the bias added last
+ * and a bfloat16 result rounded to nearest even once. bfloat16 runs on AVX512-BF16's dot products where the
+ * CPU has them (each step adds a pair's two products to the float32 sum, in the instruction's order;
+ * subnormal inputs read as zero), else widened exactly to float32 and multiply-added in order. Products of bfloat16 values are exact in
+ * float32, so either way the result differs from oneDNN's only in summation order and is at least as close
+ * to the exact one.
  *
  * AVX-512F only (the panel is one vector wide); elsewhere `available()` is false and the engine keeps
  * oneDNN. Pairs of panels split over torch's OpenMP workers (cpu_team.h). No torch headers: the Python

@@ -218,6 +218,11 @@ __attribute__((always_inline)) static inline void ahead_upto(Ahead *a, int64_t u
 #endif
 }
 
+/* Vectors of queries (pass 1) or accumulators (pass 2) one walk over a KV head's rows holds in registers: in
+ * bfloat16 the query heads of a group share each key and value row, loaded and widened once per walk for as
+ * many of them as fit (four at head_dim 64 with AVX-512, two at 128). */
+#define GROUP_VECS 16
+
 typedef int (*attend_vec_fn)(const Problem *, int64_t, int64_t, int64_t, float *, float *, Ahead *, float *);
 
 #define FOLIO_SIMD 512

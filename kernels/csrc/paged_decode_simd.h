@@ -3,40 +3,61 @@
  * load, so the arithmetic is float32 either way), over keys [lo, end) of a sequence: all of them (the output
  * normalized) or one part of a split context (``partial``: each head's score maximum, exp-sum and
  * unnormalized weighted values, for merge_parts). Works page by page so that a page's rows stay in L1 while
- * each query head runs over them with its query (pass 1) or accumulator (pass 2) held in registers. Same
- * arithmetic as attend_seq up to summation order. Defines V(pick_attend). */
+ * the query heads run over them with their queries (pass 1) or accumulators (pass 2) held in registers; in
+ * bfloat16 the heads of a group that fit in GROUP_VECS vectors walk their KV head's rows together, each row
+ * loaded and widened once for all of them (1.1-1.2x; float32, bound by memory there, kept one head per walk).
+ * Same arithmetic as attend_seq up to summation order. Defines V(pick_attend). */
+
+/* Vectors held for the query heads of one walk: GROUP_VECS, or one head's where that is more. */
+#define HELD_VECS (GROUP_VECS > 256 / VW ? GROUP_VECS : 256 / VW)
 
 VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *scores, float *norms, Ahead *next,
                   float *partial, const int64_t dim, const int bf16) {
     const int64_t heads = p->heads, kv_heads = p->kv_heads, bs = p->block_size;
     const int64_t group = heads / kv_heads, row = kv_heads * dim, nv = dim / VW, len = end - lo;
+    /* query heads of a group per walk over its KV head's rows, their vectors in registers */
+    const int64_t per = bf16 && nv < GROUP_VECS ? GROUP_VECS / nv : 1;
     const int32_t *table = p->block_tables + b * p->table_stride;
     for (int64_t i = lo / bs; i * bs < end; ++i)
         if (table[i] < 0 || table[i] >= p->num_blocks) return FAIL_BLOCK;
     const vf scale = vset1(p->scale);
 
-    const int64_t units = 2 * heads * len; /* (query head x key) pairs in both passes: the pace of `next` */
+    /* `next` is asked for its bytes in step with the (query head x key) pairs done in both passes: after each
+     * page, and in bfloat16 every four keys too (one core: 1.2x against per page; float32 on two cores lost
+     * 7-11% that way); bytes per pair in 16.16 fixed point, so that the pacing costs no division */
+    const int64_t units = 2 * heads * len, pace = units > 0 ? (next->bytes << 16) / units : 0;
     int64_t done = 0;
-    for (int64_t start = lo; start < end;) { /* pass 1: scores */
+    for (int64_t start = lo; start < end;) { /* pass 1: scores, each key row widened once per walk */
         const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
         const int64_t page = ((int64_t)table[start / bs] * bs + off) * row;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t qh = b * p->q_stride_b + h * p->q_stride_h;
-            int64_t k = page + (h / group) * dim;
-            vf q[256 / VW];
-            for (int64_t i = 0; i < nv; ++i) q[i] = vmul(vload(p->q, qh + VW * i, bf16), scale);
-            float *out = scores + h * len + start - lo;
-            for (int64_t t = 0; t < n; ++t, k += row) { /* two chains of multiply-adds, not one */
-                vf a0 = vmul(q[0], vload(p->k_cache, k, bf16)), a1 = vzero();
-                for (int64_t i = 1; i + 1 < nv; i += 2) {
-                    a1 = vfmadd(q[i], vload(p->k_cache, k + VW * i, bf16), a1);
-                    a0 = vfmadd(q[i + 1], vload(p->k_cache, k + VW * (i + 1), bf16), a0);
+        for (int64_t h0 = 0, hn; h0 < heads; h0 += hn) {
+            const int64_t kvh = h0 / group;
+            hn = (kvh + 1) * group - h0 < per ? (kvh + 1) * group - h0 : per;
+            vf q[HELD_VECS];
+            for (int64_t g = 0; g < per; ++g)
+                if (g < hn)
+                    for (int64_t i = 0; i < nv; ++i)
+                        q[g * nv + i] = vmul(vload(p->q, b * p->q_stride_b + (h0 + g) * p->q_stride_h + VW * i, bf16),
+                                             scale);
+            int64_t k = page + kvh * dim;
+            float *out = scores + h0 * len + start - lo;
+            for (int64_t t = 0; t < n; ++t, k += row) {
+                vf key[256 / VW];
+                for (int64_t i = 0; i < nv; ++i) key[i] = vload(p->k_cache, k + VW * i, bf16);
+                for (int64_t g = 0; g < per; ++g) {
+                    if (g >= hn) break;
+                    vf a0 = vmul(q[g * nv], key[0]), a1 = vzero(); /* two chains of multiply-adds, not one */
+                    for (int64_t i = 1; i + 1 < nv; i += 2) {
+                        a1 = vfmadd(q[g * nv + i], key[i], a1);
+                        a0 = vfmadd(q[g * nv + i + 1], key[i + 1], a0);
+                    }
+                    if (nv % 2 == 0) a1 = vfmadd(q[g * nv + nv - 1], key[nv - 1], a1);
+                    out[g * len + t] = vreduce_add(vadd(a0, a1));
                 }
-                if (nv % 2 == 0) a1 = vfmadd(q[nv - 1], vload(p->k_cache, k + VW * (nv - 1), bf16), a1);
-                out[t] = vreduce_add(vadd(a0, a1));
+                if (bf16 && (t & 3) == 3) ahead_upto(next, ((done + (t + 1) * hn) * pace) >> 16);
             }
-            done += n;
-            ahead_upto(next, next->bytes * done / units);
+            done += n * hn;
+            ahead_upto(next, (done * pace) >> 16);
         }
         start += n;
     }
@@ -49,31 +70,44 @@ VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *s
             norms[h] = vsoftmax_row(scores + h * len, len);
         }
     }
-    for (int64_t h = 0; h < heads; ++h) { /* pass 2: weighted values, the accumulator in registers */
-        vf acc[256 / VW];
-        for (int64_t i = 0; i < nv; ++i) acc[i] = vzero();
-        const float *w = scores + h * len;
+    for (int64_t h0 = 0; h0 < heads;) { /* pass 2: weighted values, each value row widened once per walk */
+        const int64_t kvh = h0 / group, hn = (kvh + 1) * group - h0 < per ? (kvh + 1) * group - h0 : per;
+        vf acc[HELD_VECS];
+        for (int64_t i = 0; i < per * nv; ++i) acc[i] = vzero();
+        const float *w = scores + h0 * len;
         for (int64_t start = lo; start < end;) {
             const int64_t off = start % bs, n = end - start < bs - off ? end - start : bs - off;
-            int64_t v = ((int64_t)table[start / bs] * bs + off) * row + (h / group) * dim;
+            int64_t v = ((int64_t)table[start / bs] * bs + off) * row + kvh * dim;
             for (int64_t t = 0; t < n; ++t, v += row) {
-                const vf wt = vset1(w[start - lo + t]);
-                for (int64_t i = 0; i < nv; ++i) acc[i] = vfmadd(wt, vload(p->v_cache, v + VW * i, bf16), acc[i]);
+                vf value[256 / VW];
+                for (int64_t i = 0; i < nv; ++i) value[i] = vload(p->v_cache, v + VW * i, bf16);
+                for (int64_t g = 0; g < per; ++g) {
+                    if (g >= hn) break;
+                    const vf wt = vset1(w[g * len + start - lo + t]);
+                    for (int64_t i = 0; i < nv; ++i) acc[g * nv + i] = vfmadd(wt, value[i], acc[g * nv + i]);
+                }
+                if (bf16 && (t & 3) == 3) ahead_upto(next, ((done + (t + 1) * hn) * pace) >> 16);
             }
             start += n;
-            done += n;
-            ahead_upto(next, next->bytes * done / units);
+            done += n * hn;
+            ahead_upto(next, (done * pace) >> 16);
         }
-        if (partial) { /* unnormalized: merge_parts scales and sums the parts */
-            for (int64_t i = 0; i < nv; ++i) vstoreu(accs + h * dim + VW * i, acc[i]);
-            continue;
+        for (int64_t g = 0; g < per; ++g) {
+            if (g >= hn) break;
+            const int64_t h = h0 + g;
+            if (partial) { /* unnormalized: merge_parts scales and sums the parts */
+                for (int64_t i = 0; i < nv; ++i) vstoreu(accs + h * dim + VW * i, acc[g * nv + i]);
+                continue;
+            }
+            const vf norm = vset1(len > 0 ? norms[h] : 0.0f);
+            const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
+            for (int64_t i = 0; i < nv; ++i) vstore(p->out, o + VW * i, vmul(acc[g * nv + i], norm), bf16);
         }
-        const vf norm = vset1(len > 0 ? norms[h] : 0.0f);
-        const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
-        for (int64_t i = 0; i < nv; ++i) vstore(p->out, o + VW * i, vmul(acc[i], norm), bf16);
+        h0 += hn;
     }
     return FAIL_NONE;
 }
+#undef HELD_VECS
 
 /* Entry points per dtype and head_dim: with the head_dim known at compile time the query and accumulator
  * vectors stay in registers (indexed by a variable they would live on the stack, several times slower). */

@@ -18,9 +18,9 @@
  * Arithmetic: float32 multiply-adds (fused), the sum over K in order for each output, the bias added last
  * and a bfloat16 result rounded to nearest even once. bfloat16 runs on AVX512-BF16's dot products where the
  * CPU has them (each step adds a pair's two products to the float32 sum, in the instruction's order;
- * subnormal inputs read as zero), else widened exactly to float32 and multiply-added in order. Products of bfloat16 values are exact in
- * float32, so either way the result differs from oneDNN's only in summation order and is at least as close
- * to the exact one.
+ * subnormal inputs read as zero), else widened exactly to float32 and multiply-added in order. Products of
+ * bfloat16 values are exact in float32, so either way the result differs from oneDNN's only in summation
+ * order and is at least as close to the exact one.
  *
  * AVX-512F only (the panel is one vector wide); elsewhere `available()` is false and the engine keeps
  * oneDNN. Pairs of panels split over torch's OpenMP workers (cpu_team.h). No torch headers: the Python
@@ -41,10 +41,10 @@
 #define WIDE_ROWS 16 /* rows of x per register tile of one panel, from 9 rows on: 16 accumulators */
 #define PREFETCH 128 /* panel steps (64 bytes each) ahead to prefetch: 8 KiB */
 
-/* How a panel step (64 bytes: one weight row k of 16 float32, or rows 2j and 2j+1 of 16 bfloat16 pairs)
- * meets x: float32 multiply-adds; bfloat16 widened exactly to float32 and multiply-added; or AVX512-BF16 dot
- * products of the pairs (vdpbf16ps: twice the multiply-adds per instruction, products exact, each added in
- * float32, input subnormals read as zero). */
+/* How a panel step (64 bytes: the 16 columns' float32 weights at k, or their bfloat16 weights at k = 2j and
+ * 2j + 1, paired per column) meets x: float32 multiply-adds; bfloat16 widened exactly to float32 and
+ * multiply-added; or AVX512-BF16 dot products of the pairs (vdpbf16ps: twice the multiply-adds per
+ * instruction, products exact, each added in float32, input subnormals read as zero). */
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_BF16_DOT = 2 };
 
 typedef struct {

@@ -19,6 +19,11 @@ that never splits a context (with fewer sequences than threads, the shipped one 
 a thread each, and merges them).
 
     .venv/bin/python bench/decode_attention_cpu.py --split [--cores 0,1] [--context 1000-3000]
+
+With ``--against REV`` it compares the shipped kernel with the one at git revision REV (that revision's
+kernels/csrc, built the same way), float32 and bfloat16, 8, 16 and 64 sequences, on ``--cores``.
+
+    .venv/bin/python bench/decode_attention_cpu.py --against 4f45751 [--cores 1] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -45,14 +50,14 @@ NUM_BLOCKS = (2 << 30) // (2 * BLOCK * KV_HEADS * HEAD_DIM * 4 * LAYERS)  # each
 RESULT = "FOLIO_BENCH_RESULT "
 
 
-def build(out_dir: Path, variants: dict[str, list[str]]) -> dict[str, Path]:
+def build(out_dir: Path, variants: dict[str, list[str]], source: Path = SOURCE) -> dict[str, Path]:
     cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
     include = sysconfig.get_paths()["include"]
     built = {}
     for name, defines in variants.items():
         so = out_dir / f"{name.replace(' ', '_').replace(',', '')}" / "_cpu_attention.so"
         so.parent.mkdir()
-        subprocess.run([cc, "-shared", "-fPIC", *FLAGS, *defines, f"-I{include}", str(SOURCE), "-o", str(so)],
+        subprocess.run([cc, "-shared", "-fPIC", *FLAGS, *defines, f"-I{include}", str(source), "-o", str(so)],
                        check=True)
         built[name] = so
     return built
@@ -156,6 +161,31 @@ def split(args: argparse.Namespace) -> None:
             print(f"{batch:>9} {cells}   {ratios}", flush=True)
 
 
+def against(args: argparse.Namespace) -> None:
+    """The shipped kernel against the one at git revision ``args.against`` (its kernels/csrc, built the same
+    way), both dtypes, on ``args.cores`` with a thread each."""
+    threads = len(args.cores.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        listing = subprocess.run(["git", "ls-tree", "--name-only", f"{args.against}:kernels/csrc"], cwd=ROOT,
+                                 check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
+        for name in listing:
+            text = subprocess.run(["git", "show", f"{args.against}:kernels/csrc/{name}"], cwd=ROOT, check=True,
+                                  capture_output=True).stdout  # fmt: skip
+            (old / name).write_bytes(text)
+        built = {**build(Path(tmp), {args.against: []}, old / SOURCE.name), **build(Path(tmp), {"shipped": []})}
+        print(f"{threads} thread(s) on cores {args.cores}, contexts of {args.context} tokens, best of {args.rounds}: "
+              f"ms per layer call (GB/s) of the kernel at {args.against} and the shipped one")  # fmt: skip
+        for dtype in ("float32", "bfloat16"):
+            for batch in (8, 16, 64):
+                best = best_of(args.rounds, built, dtype=dtype, calls=args.calls, cores=args.cores, batch=batch,
+                               threads=threads, context=args.context)  # fmt: skip
+                a, b = best[args.against], best["shipped"]
+                print(f"{dtype:>9} {batch:>3} sequences: {a['ms']:6.3f} ({a['gb_s']:4.1f}) -> {b['ms']:6.3f} "
+                      f"({b['gb_s']:4.1f})  {a['ms'] / b['ms']:.2f}x", flush=True)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; each variant's best is kept")
@@ -164,6 +194,7 @@ def main() -> int:
     parser.add_argument("--split", action="store_true", help="threads sharing a step (see above)")
     parser.add_argument("--cores", default="0,1", help="--split: the cores, one thread each")
     parser.add_argument("--context", default="100-300", help="--split: each sequence's tokens, LO-HI")
+    parser.add_argument("--against", metavar="REV", help="the shipped kernel against git revision REV's, on --cores")
     parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -174,6 +205,8 @@ def main() -> int:
         print(RESULT + json.dumps(r), flush=True)
     elif args.split:
         split(args)
+    elif args.against:
+        against(args)
     else:
         variants(args)
     return 0

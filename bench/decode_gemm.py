@@ -11,6 +11,11 @@ as a served request is, so the LM head counts; ~200-token contexts): the median 
 sequences, with the panels and without (`folio.engine.layers.linear.DECODE_PANELS`), in this process.
 
     .venv/bin/python bench/decode_gemm.py [--threads 2] [--repeat 7] [--engine-steps]
+
+With ``--against REV`` it times instead the float32 panels with this kernel and with the one at git revision
+REV (that revision's kernels/csrc, built as setup.py builds it), both in this process, alternately.
+
+    .venv/bin/python bench/decode_gemm.py --against 4f45751 [--repeat 12]
 """
 
 from __future__ import annotations
@@ -79,13 +84,74 @@ def engine_step_ms(panels: bool, sequences: int) -> float:
     return decode_step_ms(llm, sequences)
 
 
+def against(rev: str, repeat: int) -> None:
+    """float32 panels, this kernel against the one at git revision ``rev`` (float32 panels have had one layout
+    throughout), both loaded in this process and timed alternately over the same weights and rows."""
+    import importlib.machinery
+    import importlib.util
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    from folio.kernels import decode_gemm_cpu
+    from folio.kernels.decode_attention_cpu import share_torch_threads
+
+    name = "_cpu_decode_gemm_rev"
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:kernels/csrc"], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout.split()  # fmt: skip
+        for file in listing:
+            (Path(tmp) / file).write_bytes(subprocess.run(["git", "show", f"{rev}:kernels/csrc/{file}"], cwd=ROOT,
+                                                          check=True, capture_output=True).stdout)  # fmt: skip
+        so = Path(tmp) / f"{name}.so"
+        cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        subprocess.run([cc, "-shared", "-fPIC", "-O3", "-fno-math-errno", "-std=c11", "-pthread",  # setup.py's
+                        f"-DPyInit__cpu_decode_gemm=PyInit_{name}", f"-I{sysconfig.get_paths()['include']}",
+                        str(Path(tmp) / "decode_gemm_cpu.c"), "-o", str(so)], check=True)  # fmt: skip
+        loader = importlib.machinery.ExtensionFileLoader(name, str(so))
+        spec = importlib.util.spec_from_loader(name, loader)
+        assert spec is not None
+        old = importlib.util.module_from_spec(spec)
+        loader.exec_module(old)
+    share_torch_threads(old)
+    new = decode_gemm_cpu._cpu_decode_gemm
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(*s, generator=g) for _ in range(LAYERS) for s in SHAPES]
+    panels = [decode_gemm_cpu.pack(w) for w in weights]
+    nbytes = sum(w.numel() * 4 for w in weights)
+
+    def run(kernel: object, inputs: dict[int, torch.Tensor]) -> None:
+        for p in panels:
+            x = inputs[p.in_features]
+            out = torch.empty(x.shape[0], p.out_features)
+            kernel.gemm(x.data_ptr(), x.stride(0), p.data.data_ptr(), 0, out.data_ptr(), x.shape[0],  # type: ignore[attr-defined]
+                        p.out_features, p.in_features, 0, torch.get_num_threads())  # fmt: skip
+
+    print(f"float32 panels, the kernel at {rev} and this one, alternately, best of {repeat} each")
+    for rows in (1, 4, 8, 12, 16, 24, 32):
+        x = torch.randn(rows, max(k for _, k in SHAPES), generator=g)
+        inputs = {k: x[:, :k].contiguous() for _, k in SHAPES}
+        best = {"old": float("inf"), "new": float("inf")}
+        for i in range(repeat):
+            for which in ("old", "new") if i % 2 == 0 else ("new", "old"):
+                start = time.perf_counter()
+                run(old if which == "old" else new, inputs)
+                best[which] = min(best[which], time.perf_counter() - start)
+        print(f"{rows:>4} rows: {best['old'] * 1e3:6.2f} ms ({nbytes / best['old'] / 1e9:4.1f} GB/s) -> "
+              f"{best['new'] * 1e3:6.2f} ms ({nbytes / best['new'] / 1e9:4.1f} GB/s)  {best['old'] / best['new']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--engine-steps", action="store_true", help="also time whole engine decode steps")
+    parser.add_argument("--against", metavar="REV", help="float32 panels only: this kernel against REV's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.against:
+        against(args.against, args.repeat)
+        return
 
     from folio.engine.layers.linear import packs
     from folio.kernels import decode_gemm_cpu

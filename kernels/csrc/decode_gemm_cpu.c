@@ -65,8 +65,9 @@ typedef struct {
 
 /* Panel steps s + PREFETCH .. s + PREFETCH + 3 (four cache lines) on their way to L2; called every fourth
  * step. Into L2, not L1: L1's 32 KiB also holds the transposed rows of x (18-96 KiB for SmolLM2 at 8-16
- * rows), and two streams 8 KiB ahead evicted weights before their use there (into L2: 1.12x at 8 rows,
- * 1.16x at 12, 1.08x at 16, 1.05x in bfloat16; L1's own prefetcher brings them the last step). */
+ * rows), and two streams 8 KiB ahead evicted weights before their use there (into L2: 1.12x at 8-12 rows,
+ * 1.04-1.06x at 16-24, bench/decode_gemm.py --against 4f45751; L1's own prefetcher brings them the last
+ * step). */
 VFN void prefetch(const char *panel, int64_t s) {
     const char *at = panel + (s + PREFETCH) * 64;
     for (int line = 0; line < 4; ++line) _mm_prefetch(at + 64 * line, _MM_HINT_T1);

@@ -5,7 +5,8 @@
  * unnormalized weighted values, for merge_parts). Works page by page so that a page's rows stay in L1 while
  * the query heads run over them with their queries (pass 1) or accumulators (pass 2) held in registers; in
  * bfloat16 the heads of a group that fit in GROUP_VECS vectors walk their KV head's rows together, each row
- * loaded and widened once for all of them (1.1-1.2x; float32, bound by memory there, kept one head per walk).
+ * loaded and widened once for all of them (1.13-1.26x, bench/decode_attention_cpu.py --against 4f45751;
+ * float32, bound by memory, keeps one head per walk).
  * Same arithmetic as attend_seq up to summation order. Defines V(pick_attend). */
 
 /* Vectors held for the query heads of one walk: GROUP_VECS, or one head's where that is more. */
@@ -23,8 +24,8 @@ VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *s
     const vf scale = vset1(p->scale);
 
     /* `next` is asked for its bytes in step with the (query head x key) pairs done in both passes: after each
-     * page, and in bfloat16 every four keys too (one core: 1.2x against per page; float32 on two cores lost
-     * 7-11% that way); bytes per pair in 16.16 fixed point, so that the pacing costs no division */
+     * page, and in bfloat16 every four keys too (faster there, on one core most; float32 on two cores was
+     * slower that way); bytes per pair in 16.16 fixed point, so that the pacing costs no division */
     const int64_t units = 2 * heads * len, pace = units > 0 ? (next->bytes << 16) / units : 0;
     int64_t done = 0;
     for (int64_t start = lo; start < end;) { /* pass 1: scores, each key row widened once per walk */

@@ -66,17 +66,11 @@ def build(out_dir: Path, variants: dict[str, list[str]], source: Path = SOURCE) 
 def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: int = 1,
             context: tuple[int, int] = (100, 300)) -> dict:  # fmt: skip
     """ms per layer call of the variant at ``so`` over ``batch`` sequences (run in a process of its own)."""
-    import importlib.machinery
-    import importlib.util
-
     import torch
+    from _revisions import load_extension
 
     torch.set_num_threads(threads)
-    loader = importlib.machinery.ExtensionFileLoader("_cpu_attention", str(so))
-    spec = importlib.util.spec_from_file_location("_cpu_attention", so, loader=loader)
-    assert spec is not None
-    kernel = importlib.util.module_from_spec(spec)
-    loader.exec_module(kernel)
+    kernel = load_extension("_cpu_attention", so)
     if threads > 1:  # on torch's OpenMP pool, as the engine runs it
         from folio.kernels.decode_attention_cpu import share_torch_threads
 
@@ -164,16 +158,11 @@ def split(args: argparse.Namespace) -> None:
 def against(args: argparse.Namespace) -> None:
     """The shipped kernel against the one at git revision ``args.against`` (its kernels/csrc, built the same
     way), both dtypes, on ``args.cores`` with a thread each."""
+    from _revisions import kernel_sources_at
+
     threads = len(args.cores.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "old"
-        old.mkdir()
-        listing = subprocess.run(["git", "ls-tree", "--name-only", f"{args.against}:kernels/csrc"], cwd=ROOT,
-                                 check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
-        for name in listing:
-            text = subprocess.run(["git", "show", f"{args.against}:kernels/csrc/{name}"], cwd=ROOT, check=True,
-                                  capture_output=True).stdout  # fmt: skip
-            (old / name).write_bytes(text)
+        old = kernel_sources_at(args.against, Path(tmp) / "old")
         built = {**build(Path(tmp), {args.against: []}, old / SOURCE.name), **build(Path(tmp), {"shipped": []})}
         print(f"{threads} thread(s) on cores {args.cores}, contexts of {args.context} tokens, best of {args.rounds}: "
               f"ms per layer call (GB/s) of the kernel at {args.against} and the shipped one")  # fmt: skip

@@ -87,32 +87,24 @@ def engine_step_ms(panels: bool, sequences: int) -> float:
 def against(rev: str, repeat: int) -> None:
     """float32 panels, this kernel against the one at git revision ``rev`` (float32 panels have had one layout
     throughout), both loaded in this process and timed alternately over the same weights and rows."""
-    import importlib.machinery
-    import importlib.util
     import subprocess
     import sysconfig
     import tempfile
+
+    from _revisions import kernel_sources_at, load_extension
 
     from folio.kernels import decode_gemm_cpu
     from folio.kernels.decode_attention_cpu import share_torch_threads
 
     name = "_cpu_decode_gemm_rev"
     with tempfile.TemporaryDirectory() as tmp:
-        listing = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:kernels/csrc"], cwd=ROOT, check=True,
-                                 capture_output=True, text=True).stdout.split()  # fmt: skip
-        for file in listing:
-            (Path(tmp) / file).write_bytes(subprocess.run(["git", "show", f"{rev}:kernels/csrc/{file}"], cwd=ROOT,
-                                                          check=True, capture_output=True).stdout)  # fmt: skip
+        source = kernel_sources_at(rev, Path(tmp)) / "decode_gemm_cpu.c"
         so = Path(tmp) / f"{name}.so"
         cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
         subprocess.run([cc, "-shared", "-fPIC", "-O3", "-fno-math-errno", "-std=c11", "-pthread",  # setup.py's
                         f"-DPyInit__cpu_decode_gemm=PyInit_{name}", f"-I{sysconfig.get_paths()['include']}",
-                        str(Path(tmp) / "decode_gemm_cpu.c"), "-o", str(so)], check=True)  # fmt: skip
-        loader = importlib.machinery.ExtensionFileLoader(name, str(so))
-        spec = importlib.util.spec_from_loader(name, loader)
-        assert spec is not None
-        old = importlib.util.module_from_spec(spec)
-        loader.exec_module(old)
+                        str(source), "-o", str(so)], check=True)  # fmt: skip
+        old = load_extension(name, so)
     share_torch_threads(old)
     new = decode_gemm_cpu._cpu_decode_gemm
     g = torch.Generator().manual_seed(0)

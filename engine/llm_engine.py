@@ -14,7 +14,7 @@ import time
 import psutil
 import torch
 
-from folio.engine import memory_profile
+from folio.engine import memory_profile, rules
 from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
 from folio.engine.distributed.errors import RankFailedError
@@ -27,6 +27,7 @@ from folio.engine.sampler import SampleResult
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
+from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
 from folio.engine.warmup import warm_up_kernels
@@ -170,39 +171,28 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
     ) -> None:
-        """Validate and queue a request; raises ValueError (queueing nothing) on bad input. ``group`` names
-        the client request it is one sequence of (the scheduler queues groups fairly); default: its own."""
-        if request_id in self._seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise ValueError(f"the engine runs one sequence per request (n=1), got n={params.n}; fan out n first")
-        if isinstance(prompt, str):
-            text: str | None = prompt
-            token_ids = list(self.tokenizer(prompt).input_ids)
-        else:
-            text = None
-            token_ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[0]!r}")
-        if not token_ids:
-            raise ValueError("the prompt is empty (0 tokens)")
+        """Validate and queue a request; raises `RuleError` (a ValueError, queueing nothing) on bad input, with
+        the words the HTTP API uses (`folio.engine.rules`). ``group`` names the client request it is one
+        sequence of (the scheduler queues groups fairly); default: its own."""
+        # Only a caller inside Folio can break these (LLM and the server fan n out and number sequences).
+        assert request_id not in self._seqs, f"request id {request_id!r} is already in use"
+        assert isinstance(params, SamplingParams), f"params must be SamplingParams, got {type(params).__name__}"
+        assert params.n == 1, f"the engine runs one sequence per request, got n={params.n}; fan out n first"
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = list(self.tokenizer(prompt).input_ids) if text is not None else list(prompt)
+        rules.check_prompt_ids(token_ids, self.model_config.vocab_size)
         max_len = self.model_config.max_model_len
-        if len(token_ids) >= max_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens but max_model_len is {max_len} "
-                "(prompt plus at least one generated token must fit)"
-            )
+        # max_tokens is cut to what the context has left (vLLM's offline behaviour): one token must fit
+        rules.check_context(len(token_ids), 1, max_len)
         max_total = min(len(token_ids) + params.max_tokens, max_len)
         blocks = self.block_manager.blocks_needed(max_total)
         if blocks > self.block_manager.num_blocks:
             capacity = self.block_manager.num_blocks * self.block_manager.block_size
-            raise ValueError(
+            raise rules.RuleError(
                 f"the request needs up to {max_total} tokens of KV cache (prompt {len(token_ids)} + max_tokens "
-                f"{params.max_tokens}) but the cache holds only {capacity} tokens; lower max_tokens or the prompt"
+                f"{params.max_tokens}) but the cache holds only {capacity} tokens; lower max_tokens or the prompt",
+                param="max_tokens",
+                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             )
         seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids)
         seq.group = group or request_id

@@ -1,17 +1,16 @@
-"""Per-request sampling parameters (the vLLM shape), validated when constructed."""
+"""Per-request sampling parameters (the vLLM shape), validated when constructed against the same rules
+(`folio.engine.rules`) as the HTTP API's requests, with the same messages."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from folio.engine.rules import BOUNDS, SEED_END, SEED_MIN, check_stop, check_token_ids
 
 # Temperatures in (0, MIN_TEMPERATURE) are raised to it (as vLLM does): dividing logits by a smaller
 # value overflows float32 and turns the softmax into NaNs. 0 still means greedy.
 MIN_TEMPERATURE = 1e-2
-# torch.Generator.manual_seed takes [-2**63, 2**64); the sampler's index tensors are int64.
-SEED_MIN, SEED_END = -(2**63), 2**64
-SEED_RANGE = range(SEED_MIN, SEED_END)
-INT64_MAX = 2**63 - 1
+_OPTIONAL = frozenset({"seed", "logprobs", "prompt_logprobs"})  # None: unseeded, no logprobs
 
 
 @dataclass
@@ -43,53 +42,17 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if self.stop is None:
-            self.stop = []
-        elif isinstance(self.stop, str):
-            self.stop = [self.stop]
-        else:
-            self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        """Raises `folio.engine.rules.RuleError` (a ValueError) naming the first field out of its bounds."""
+        self.stop = check_stop(self.stop)
+        self.stop_token_ids = check_token_ids("stop_token_ids", self.stop_token_ids)
         if self.top_k == 0:
             self.top_k = -1
-        self._validate()
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None or name not in _OPTIONAL:
+                bound.check(name, value)
         if 0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
-
-    def _validate(self) -> None:
-        def bad(name: str, rule: str) -> ValueError:
-            return ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-        if not _int(self.n) or self.n < 1:
-            raise bad("n", "an integer >= 1")
-        if not _finite(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "a finite number >= 0")
-        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "in (0, 1]")
-        if not _int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
-            raise bad("top_k", f"-1 (disabled) or an integer in [1, {INT64_MAX}]")
-        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
-            raise bad("min_p", "in [0, 1]")
-        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "a finite number > 0")
-        if not _finite(self.presence_penalty) or not -2 <= self.presence_penalty <= 2:
-            raise bad("presence_penalty", "in [-2, 2]")
-        if not _finite(self.frequency_penalty) or not -2 <= self.frequency_penalty <= 2:
-            raise bad("frequency_penalty", "in [-2, 2]")
-        if self.seed is not None and (not _int(self.seed) or self.seed not in SEED_RANGE):
-            raise bad("seed", f"None or an integer in [{SEED_RANGE.start}, {SEED_RANGE.stop})")
-        if not _int(self.max_tokens) or self.max_tokens < 1:
-            raise bad("max_tokens", "an integer >= 1")
-        if self.logprobs is not None and (not _int(self.logprobs) or not 0 <= self.logprobs <= INT64_MAX):
-            raise bad("logprobs", "None or an integer >= 0")
-        if self.prompt_logprobs is not None and (
-            not _int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= INT64_MAX
-        ):
-            raise bad("prompt_logprobs", "None or an integer >= 0")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a list of non-empty strings")
-        if any(not _int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of non-negative token ids")
 
     @property
     def greedy(self) -> bool:
@@ -109,10 +72,3 @@ def offset_seed(seed: int | None, k: int) -> int | None:
     s = seed + k
     return s if s < SEED_END else s - (SEED_END - SEED_MIN)
 
-
-def _int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
 
 if TYPE_CHECKING:
@@ -76,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument(
         "--max-request-body-bytes",
         type=int,
-        default=8 * 1024 * 1024,
-        help="answer 413 to a request body larger than this (default: %(default)s, 8 MiB)",
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="answer 413 to a request body larger than this; the same default as `folio router`'s "
+        "(default: %(default)s, 32 MiB)",
     )
     srv.add_argument(
         "--enable-docs",

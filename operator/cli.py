@@ -55,12 +55,6 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-def fail(command: str, message: str) -> int:
-    """A command's error: one line on stderr, exit code 1."""
-    print(f"folio {command}: {message}", file=sys.stderr)
-    return 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with usage on bad input

@@ -302,8 +302,9 @@ class ProgressBar:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                            console=self.console, transient=self.transient)
+        # the description (a stage and a revision) is shown as it is, never read as markup
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
+                            TransferSpeedColumn(), console=self.console, transient=self.transient)
         self.bar.start()
         return self._update
 

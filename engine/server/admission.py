@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from folio.engine.server.async_engine import AsyncEngine, RequestAborted
 from folio.engine.server.errors import OpenAIError, unavailable
+from folio.engine.server.openai_errors import ErrorCode
 
 log = logging.getLogger("folio.server")
 
@@ -98,7 +99,7 @@ class AdmissionMiddleware:
         injects = scope["path"].startswith("/v1/")
         state = self.state
         if state.draining:
-            err = unavailable("The server is shutting down; retry on another replica.", code="shutting_down")
+            err = unavailable("The server is shutting down; retry on another replica.", code=ErrorCode.SHUTTING_DOWN)
             await err.response()(scope, receive, send)
             return
         state.request_started()
@@ -106,7 +107,7 @@ class AdmissionMiddleware:
             if injects and state.faults.latency_ms:
                 await asyncio.sleep(state.faults.latency_ms / 1000)
             if injects and state.fault():
-                err = OpenAIError(500, "Injected fault (--fault-error-rate).", code="fault_injected")
+                err = OpenAIError(500, "Injected fault (--fault-error-rate).", code=ErrorCode.FAULT_INJECTED)
                 await err.response()(scope, receive, send)
                 return
             await self.app(scope, receive, send)

@@ -18,6 +18,7 @@ from folio.engine.server.chat import create_chat_completion
 from folio.engine.server.completions import create_completion
 from folio.engine.server.errors import install_error_handlers
 from folio.engine.server.metrics import ServerMetrics
+from folio.engine.server.openai_errors import ErrorBody
 from folio.engine.server.parity import PATH as PARITY_PATH
 from folio.engine.server.parity import ParityRequest, ParityResponse, create_parity
 from folio.engine.server.protocol import (
@@ -25,17 +26,18 @@ from folio.engine.server.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
-    ErrorResponse,
     ModelCard,
     ModelList,
 )
 from folio.engine.server.serving import OpenAIServing, ServingConfig
 
+# The one definition of the error shape (`openai_errors.ErrorBody`), as the OpenAPI document shows it.
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request"},
-    404: {"model": ErrorResponse, "description": "Unknown model"},
-    500: {"model": ErrorResponse, "description": "Injected fault (--fault-error-rate) or internal error"},
-    503: {"model": ErrorResponse, "description": "Queue full or shutting down; see Retry-After"},
+    400: {"model": ErrorBody, "description": "Invalid request"},
+    404: {"model": ErrorBody, "description": "Unknown model"},
+    413: {"model": ErrorBody, "description": "Body larger than --max-request-body-bytes"},
+    500: {"model": ErrorBody, "description": "Injected fault (--fault-error-rate) or internal error"},
+    503: {"model": ErrorBody, "description": "Queue full or shutting down; see Retry-After"},
 }
 
 

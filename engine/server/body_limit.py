@@ -2,6 +2,7 @@
 
 The body is read here, up to the limit, before any route sees it: a larger body is answered with a
 413 in the OpenAI shape (code ``body_too_large``, as the router words it) and never buffered whole.
+The default is the router's too (`folio.engine.rules.DEFAULT_MAX_REQUEST_BODY_BYTES`).
 """
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from folio.engine.server.errors import OpenAIError
-
-DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+from folio.engine.server.openai_errors import ErrorCode, body_too_large_message
 
 
 def too_large(limit: int) -> OpenAIError:
-    return OpenAIError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+    return OpenAIError(413, body_too_large_message(limit), code=ErrorCode.BODY_TOO_LARGE)
 
 
 class BodyLimitMiddleware:

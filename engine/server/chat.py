@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from folio.engine.server.choices import Choices, Piece, Prompt
 from folio.engine.server.errors import bad_request
 from folio.engine.server.logprobs import chat_logprobs
+from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -29,7 +30,10 @@ from folio.engine.server.serving import OpenAIServing, new_id
 def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
     tok = serving.tokenizer
     if not getattr(tok, "chat_template", None):
-        raise bad_request("This model has no chat template; use /v1/completions.", param="messages")
+        raise bad_request(
+            "This model has no chat template; use /v1/completions.", param="messages",
+            code=ErrorCode.UNSUPPORTED_PARAMETER,
+        )  # fmt: skip
     # Templates know system/user/assistant; OpenAI's newer "developer" role means "system".
     conversation = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
@@ -51,9 +55,12 @@ async def create_chat_completion(
 ) -> Response:
     serving.check_common(req)
     if req.tools:
-        raise bad_request("tools are not supported.", param="tools")
+        raise bad_request("tools are not supported.", param="tools", code=ErrorCode.UNSUPPORTED_PARAMETER)
     if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request("Only response_format type 'text' is supported.", param="response_format")
+        raise bad_request(
+            "Only response_format type 'text' is supported.", param="response_format",
+            code=ErrorCode.UNSUPPORTED_PARAMETER,
+        )  # fmt: skip
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
     serving.check_sequences(req.n)  # before the cost of rendering and tokenizing

@@ -9,9 +9,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from folio.engine import rules
 from folio.engine.server.choices import Choices, Piece, Prompt
 from folio.engine.server.errors import bad_request
 from folio.engine.server.logprobs import completion_logprobs, joined, prompt_logprobs
+from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -27,8 +29,7 @@ MAX_PROMPTS = 64
 def _prompts(serving: OpenAIServing, prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
     if isinstance(prompt, str):
         prompt = [prompt]
-    if not prompt:
-        raise bad_request("The prompt must not be empty.", param="prompt")
+    rules.check_not_empty(prompt)
     if len(prompt) > MAX_PROMPTS and not isinstance(prompt[0], int):
         raise bad_request(f"At most {MAX_PROMPTS} prompts per request, got {len(prompt)}.", param="prompt")
     if isinstance(prompt[0], int):
@@ -48,9 +49,11 @@ def _prompts(serving: OpenAIServing, prompt: str | list[str] | list[int] | list[
 async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw: Request) -> Response:
     serving.check_common(req)
     if req.suffix:
-        raise bad_request("suffix is not supported.", param="suffix")
+        raise bad_request("suffix is not supported.", param="suffix", code=ErrorCode.UNSUPPORTED_PARAMETER)
     if req.best_of is not None and req.best_of != req.n:
-        raise bad_request("best_of must equal n (no server-side ranking).", param="best_of")
+        raise bad_request(
+            "best_of must equal n (no server-side ranking).", param="best_of", code=ErrorCode.UNSUPPORTED_PARAMETER
+        )
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens 0 is only allowed with echo (the prompt's logprobs).", param="max_tokens")
     num_prompts = 1 if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) else len(req.prompt)

@@ -1,5 +1,6 @@
 """Errors in the OpenAI shape (`folio.engine.server.openai_errors`), and the handlers that make every
-failure (including FastAPI's own validation errors) come out that way."""
+failure (including FastAPI's own validation errors and the rules' `RuleError`) come out that way, each
+with a code from `ErrorCode`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from folio.engine.server.openai_errors import error_body, error_type
+from folio.engine.rules import RuleError
+from folio.engine.server.openai_errors import ErrorBody, ErrorCode, error_body, error_type
 
 log = logging.getLogger("folio.server")
 
@@ -27,7 +29,7 @@ class OpenAIError(Exception):
         message: str,
         *,
         param: str | None = None,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -41,18 +43,23 @@ class OpenAIError(Exception):
     def type(self) -> str:
         return error_type(self.status)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return error_body(self.status, self.message, code=self.code, param=self.param)
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+def bad_request(message: str, param: str | None = None, code: ErrorCode = ErrorCode.INVALID_VALUE) -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 
 
-def unavailable(message: str, code: str) -> OpenAIError:
+def rejected(exc: RuleError) -> OpenAIError:
+    """A broken rule (`folio.engine.rules`), answered in its own words."""
+    return bad_request(exc.message, param=exc.param, code=exc.code)
+
+
+def unavailable(message: str, code: ErrorCode) -> OpenAIError:
     return OpenAIError(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
@@ -65,17 +72,24 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-def _describe(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """One readable sentence and the offending parameter out of pydantic's error list."""
+def _describe(errors: list[dict[str, Any]]) -> tuple[str, str | None, ErrorCode]:
+    """One readable sentence, the offending parameter and the code out of pydantic's error list."""
     # Our own checks (value_error) say more than the "not a string" of a union's other members.
     first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
     if first.get("type") == "json_invalid":
-        return f"Malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse')}", None
+        reason = first.get("ctx", {}).get("error", "could not parse")
+        return f"Malformed JSON body: {reason}", None, ErrorCode.INVALID_JSON
+    if tuple(first.get("loc", ())) == ("body",):  # the body as a whole: missing, or not an object
+        return "The request body must be a JSON object.", None, ErrorCode.INVALID_JSON
     param = _param(tuple(first.get("loc", ())))
     others = {_param(tuple(e.get("loc", ()))) for e in errors} - {param}
-    where = f"'{param}'" if param else "the request body"
     more = f" (also invalid: {', '.join(sorted(str(o) for o in others))})" if others else ""
-    return f"Invalid value for {where}: {first.get('msg', 'invalid request')}{more}", param
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, RuleError):  # the rule's own words, as SamplingParams says them
+        return f"{cause.message}{more}", param, cause.code
+    where = f"'{param}'" if param else "the request body"
+    said = str(cause) if isinstance(cause, ValueError) else first.get("msg", "invalid request")
+    return f"Invalid value for {where}: {said}{more}", param, ErrorCode.INVALID_VALUE
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -86,8 +100,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI answers 422 by default; OpenAI clients expect 400 for any invalid input.
-        message, param = _describe(list(exc.errors()))
-        return bad_request(message, param=param).response()
+        message, param, code = _describe(list(exc.errors()))
+        return bad_request(message, param=param, code=code).response()
+
+    @app.exception_handler(RuleError)
+    async def _rule(_: Request, exc: RuleError) -> JSONResponse:
+        return rejected(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

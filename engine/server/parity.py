@@ -18,12 +18,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field, model_validator
 
+from folio.engine.rules import Bound, RuleError
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.server.async_engine import EngineRequest
 from folio.engine.server.chat import render_prompt
 from folio.engine.server.choices import Prompt
-from folio.engine.server.errors import bad_request
-from folio.engine.server.protocol import ChatCompletionRequest, ChatMessage, Text, _Request, _Response
+from folio.engine.server.errors import OpenAIError, bad_request
+from folio.engine.server.openai_errors import ErrorCode
+from folio.engine.server.protocol import ChatCompletionRequest, ChatMessage, Text, _Request, _Response, ruled
 from folio.engine.server.serving import OpenAIServing, new_id
 
 PATH = "/folio/v1/parity"
@@ -45,7 +47,7 @@ class ParityPrompt(_Request):
 class ParityRequest(_Request):
     model: Text | None = None
     prompts: list[ParityPrompt] = Field(..., min_length=1)
-    maxTokens: int = Field(16, ge=1, le=MAX_PARITY_TOKENS)
+    maxTokens: ruled(int, "maxTokens", Bound(1, MAX_PARITY_TOKENS, integer=True)) = 16
 
 
 class ParityResult(_Response):
@@ -91,10 +93,10 @@ def _render(serving: OpenAIServing, prompts: list[ParityPrompt]) -> list[Prompt]
 
 def _at(exc: Exception, index: int) -> Exception:
     """A chat prompt's 400, naming which prompt of the suite it was."""
-    message = getattr(exc, "message", None)
-    if message is None:
+    if not isinstance(exc, (OpenAIError, RuleError)):
         return exc
-    return bad_request(f"prompts[{index}]: {message}", param=f"prompts.{index}.messages")
+    code = exc.code or ErrorCode.INVALID_VALUE
+    return bad_request(f"prompts[{index}]: {exc.message}", param=f"prompts.{index}.messages", code=code)
 
 
 async def create_parity(serving: OpenAIServing, req: ParityRequest, raw: Request) -> Response:

@@ -1,23 +1,55 @@
 """Request and response bodies of the OpenAI-compatible API (the subset Folio serves).
 
 Unknown request fields are ignored, as OpenAI's and vLLM's servers do, so newer clients keep working.
-Range checks live here so that a bad value is a 400 naming the parameter, before the engine sees it.
+Every range is checked here, against the one table of bounds in `folio.engine.rules` that `SamplingParams`
+also checks, so that a bad value is a 400 naming the parameter, in the same words as the offline API's
+ValueError, before the engine sees it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
-# Largest values the engine is asked to handle; beyond them a request is rejected, not clamped.
-MAX_LOGPROBS = 20
-INT64_MAX = 2**63 - 1
-# JSON integers are unbounded; the sampler's tensors are int64. Every integer field is bounded to that
-# range here, so an extreme value is a 400 naming the field instead of an overflow inside a step.
-Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
-TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+from folio.engine import rules
+from folio.engine.rules import BOUNDS, MAX_TOKENS_WITH_ECHO, Bound
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Field metadata: once the value has its type, check it against ``bound`` (a `RuleError` on failure,
+    which the error handler answers with the rule's own message), and show the bound in the OpenAPI schema."""
+
+    name: str
+    bound: Bound
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), **self.bound.json_schema()}
+
+    def _check(self, value: Any) -> Any:
+        return self.bound.check(self.name, value)
+
+
+def ruled(kind: type, name: str, bound: Bound | None = None) -> Any:
+    """``kind`` checked against the bound of ``name`` in the rules' table (or ``bound``)."""
+    return Annotated[kind, Rule(name, bound or BOUNDS[name])]
+
+
+def _stop(stop: Any) -> Any:
+    rules.check_stop(stop)
+    return stop
+
+
+def _stop_token_ids(ids: list[int] | None) -> list[int] | None:
+    return None if ids is None else rules.check_token_ids("stop_token_ids", ids)
 
 
 def _unicode(text: str) -> str:
@@ -44,23 +76,27 @@ class SamplingRequest(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Text | None = Field(None, description="The served model name; defaults to the one model served.")
-    n: int = Field(1, ge=1, le=INT64_MAX, description="Choices to generate per prompt (at most --max-n).")
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(
-        None, ge=-1, le=INT64_MAX, description="vLLM extension; -1 or 0 disables it, as does any k >= the vocabulary."
+    n: ruled(int, "n") = Field(1, description="Choices to generate per prompt (at most --max-n).")
+    temperature: ruled(float, "temperature") | None = None
+    top_p: ruled(float, "top_p") | None = None
+    top_k: ruled(int, "top_k") | None = Field(
+        None, description="vLLM extension; -1 or 0 disables it, as does any k >= the vocabulary."
     )
-    min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension.")
-    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
-    stop: Text | list[Text] | None = Field(None, description="Strings that end the generation (at most 16).")
-    seed: Seed | None = None
+    min_p: ruled(float, "min_p") | None = Field(None, description="vLLM extension.")
+    max_tokens: ruled(int, "max_tokens") | None = None
+    stop: Annotated[Text | list[Text] | None, AfterValidator(_stop)] = Field(
+        None, description=f"Strings that end the generation (at most {rules.MAX_STOP_STRINGS})."
+    )
+    seed: ruled(int, "seed") | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0, le=10, description="vLLM extension.")
+    presence_penalty: ruled(float, "presence_penalty") = 0.0
+    frequency_penalty: ruled(float, "frequency_penalty") = 0.0
+    repetition_penalty: ruled(float, "repetition_penalty") = Field(1.0, description="vLLM extension.")
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence.")
-    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM extension.")
+    stop_token_ids: Annotated[list[int] | None, AfterValidator(_stop_token_ids)] = Field(
+        None, description="vLLM extension."
+    )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: dict[str, float] | None = Field(None, description="Not supported: must be empty.")
@@ -71,12 +107,14 @@ class CompletionRequest(SamplingRequest):
     prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
         ..., description="A string, a list of strings, a list of token ids or a list of such lists."
     )
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: ruled(int, "logprobs") | None = None
     echo: bool = Field(
         False, description="Prepend the prompt to each choice's text (and, with logprobs, the prompt's logprobs)."
     )
-    max_tokens: int | None = Field(None, ge=0, le=INT64_MAX, description="0 is allowed with echo.")
-    best_of: int | None = Field(None, ge=1, le=INT64_MAX, description="Only best_of == n is supported.")
+    max_tokens: ruled(int, "max_tokens", MAX_TOKENS_WITH_ECHO) | None = Field(
+        None, description="0 is allowed with echo."
+    )
+    best_of: ruled(int, "best_of", BOUNDS["n"]) | None = Field(None, description="Only best_of == n is supported.")
     suffix: str | None = Field(None, description="Not supported: must be empty.")
 
 
@@ -104,9 +142,9 @@ class ResponseFormat(_Request):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_completion_tokens: ruled(int, "max_completion_tokens", BOUNDS["max_tokens"]) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: ruled(int, "top_logprobs", BOUNDS["logprobs"]) | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported: must be empty.")
     add_generation_prompt: bool = Field(True, description="vLLM extension.")
@@ -229,13 +267,3 @@ class ModelList(_Response):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
-
-class ErrorDetail(_Response):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(_Response):
-    error: ErrorDetail

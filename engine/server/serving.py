@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from folio.engine import rules
 from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
 from folio.engine.server.async_engine import (
@@ -25,9 +26,9 @@ from folio.engine.server.async_engine import (
     RequestFailed,
     RequestStream,
 )
-from folio.engine.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.choices import Choices, Prompt, Renderer
-from folio.engine.server.errors import OpenAIError, bad_request, unavailable
+from folio.engine.server.errors import OpenAIError, bad_request, rejected, unavailable
+from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import SamplingRequest
 from folio.engine.server.sse import EventStream
 
@@ -42,7 +43,7 @@ class ServingConfig:
     max_n: int = 8
     max_queued_requests: int = 256
     max_sequences_per_request: int = 64
-    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_request_body_bytes: int = rules.DEFAULT_MAX_REQUEST_BODY_BYTES
     enable_docs: bool = False
     revision: str | None = None
     digest: str | None = None
@@ -63,7 +64,7 @@ class OpenAIServing:
                 404,
                 f"The model '{name}' does not exist; this server serves '{self.config.served_model_name}'.",
                 param="model",
-                code="model_not_found",
+                code=ErrorCode.MODEL_NOT_FOUND,
             )
 
     def check_capacity(self, new_sequences: int) -> None:
@@ -74,7 +75,7 @@ class OpenAIServing:
             raise unavailable(
                 f"Server overloaded: {queued} sequences are queued and this request adds {new_sequences} "
                 f"(limit {self.config.max_queued_requests}); retry later.",
-                code="server_overloaded",
+                code=ErrorCode.SERVER_OVERLOADED,
             )
 
     def check_sequences(self, count: int) -> None:
@@ -85,18 +86,17 @@ class OpenAIServing:
             raise bad_request(
                 f"This request asks for {count} sequences (n × prompts); at most {cap} are allowed per request.",
                 param="n",
-                code="too_many_sequences",
+                code=ErrorCode.TOO_MANY_SEQUENCES,
             )
         self.check_capacity(count)
 
     def check_common(self, req: SamplingRequest) -> None:
+        """What the request models cannot know: the model served, this server's --max-n; and what it
+        does not serve. The fields' own ranges were checked as the body was read (`protocol`)."""
         self.check_model(req.model)
-        if req.n > self.config.max_n:
-            raise bad_request(f"n must be at most {self.config.max_n}, got {req.n}.", param="n")
+        rules.Bound(1, self.config.max_n, integer=True, note=" (--max-n)").check("n", req.n)
         if req.logit_bias:
-            raise bad_request("logit_bias is not supported.", param="logit_bias")
-        if isinstance(req.stop, list) and len(req.stop) > 16:
-            raise bad_request(f"At most 16 stop strings are allowed, got {len(req.stop)}.", param="stop")
+            raise bad_request("logit_bias is not supported.", param="logit_bias", code=ErrorCode.UNSUPPORTED_PARAMETER)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs CPU-heavy request preparation (tokenizing, chat templates) in a worker thread, so that a
@@ -110,13 +110,7 @@ class OpenAIServing:
             raise bad_request(f"The text could not be tokenized: {exc}", param=param) from exc
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        if not ids:
-            raise bad_request("The prompt must not be empty.", param=param)
-        if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
-            bad = next(t for t in ids if t < 0 or t >= self.vocab_size)
-            raise bad_request(
-                f"Token id {bad} is outside the vocabulary [0, {self.vocab_size}).", param=param
-            )
+        rules.check_prompt_ids(ids, self.vocab_size, param)
 
     def max_tokens(
         self, requested: int | None, default: int | None, prompt_len: int, *, param: str, prompt_param: str
@@ -130,14 +124,7 @@ class OpenAIServing:
             if wanted >= 1:
                 return wanted
             requested = default or 1
-        if prompt_len + requested > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
-                f"completion). Please reduce the length of the prompt or completion.",
-                param=prompt_param if prompt_len >= limit else param,
-                code="context_length_exceeded",
-            )
+        rules.check_context(prompt_len, requested, limit, param=param, prompt_param=prompt_param)
         return requested
 
     # ------------------------------------------------------------------ sequences
@@ -167,37 +154,37 @@ class OpenAIServing:
         req: SamplingRequest, *, seed: int | None, max_tokens: int, logprobs: int | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
-        try:
-            return SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=-1 if req.top_k is None else req.top_k,
-                min_p=req.min_p or 0.0,
-                repetition_penalty=req.repetition_penalty,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                seed=seed,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids or [],
-                max_tokens=max_tokens,
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output,
-            )
-        except ValueError as exc:
-            raise bad_request(str(exc)) from exc
+        # Every field was checked against the same rules when the request was read: this cannot fail.
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            min_p=req.min_p or 0.0,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=seed,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids or [],
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
 
     async def engine_stream(self, seqs: list[EngineRequest]) -> RequestStream:
         """Hands the sequences to the engine; maps its refusals to OpenAI errors."""
         self.check_capacity(len(seqs))  # again, with no await since: tokenizing ran off the loop meanwhile
         try:
             return await self.engine.generate(seqs)
+        except rules.RuleError as exc:  # what only the engine knows, e.g. a request past its KV cache
+            raise rejected(exc) from exc
         except ValueError as exc:
             raise bad_request(str(exc)) from exc
         except EngineDeadError as exc:
-            raise unavailable(str(exc), code="engine_unavailable") from exc
+            raise unavailable(str(exc), code=ErrorCode.ENGINE_UNAVAILABLE) from exc
 
     async def respond(
         self, raw: Request, req: SamplingRequest, seqs: list[EngineRequest], choices: Choices, renderer: Renderer
@@ -240,7 +227,7 @@ class OpenAIServing:
                 self.engine.abort(ids)
         if not work.done() or work.cancelled():
             # Nobody reads this answer; 499 is nginx's "client closed request", for the access log.
-            raise OpenAIError(499, "The client disconnected.", code="client_disconnected")
+            raise OpenAIError(499, "The client disconnected.", code=ErrorCode.CLIENT_DISCONNECTED)
         try:
             return work.result()
         except _STREAM_ERRORS as exc:
@@ -274,8 +261,8 @@ _STREAM_ERRORS = (EngineDeadError, RequestAborted, RequestFailed)
 def stream_error(exc: EngineDeadError | RequestAborted | RequestFailed) -> OpenAIError:
     """How a request that the engine could not finish is answered (as the response or a final event)."""
     if isinstance(exc, RequestFailed):  # the engine is fine; this request's step raised (and was logged)
-        return OpenAIError(500, str(exc), code="internal_error")
-    code = "shutting_down" if isinstance(exc, RequestAborted) else "engine_unavailable"
+        return OpenAIError(500, str(exc), code=ErrorCode.INTERNAL_ERROR)
+    code = ErrorCode.SHUTTING_DOWN if isinstance(exc, RequestAborted) else ErrorCode.ENGINE_UNAVAILABLE
     return unavailable(str(exc), code=code)
 
 

@@ -9,5 +9,5 @@
 Per revision: requests (one per upstream attempt), errors (5xx and ``code="error"``, which includes
 the canary attempts the router then retried on stable: they count against the canary even though
 the client got an answer), p99 latency from the duration histogram, p95 time to first token. The
-metric names are the router's own (`folio.operator.router.metric_names`).
+metric names are the router's own (`folio.operator.metric_names`).
 """

@@ -12,9 +12,9 @@ from datetime import datetime
 
 import httpx
 
+from folio.operator import metric_names as m
 from folio.operator.analysis.verdict import judge
 from folio.operator.analysis.windows import NO_FIGURES, Figures, ms
-from folio.operator.router import metric_names as m
 from folio.operator.spec import AnalysisSample, AnalysisSpec, as_utc
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 
 Buckets = dict[float, float]  # upper bound (le) -> cumulative count
 

@@ -18,8 +18,8 @@ from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from folio.operator import metric_names as m
 from folio.operator.autoscaling.decide import Load
-from folio.operator.router import metric_names as m
 from folio.operator.spec import AutoscalingSpec
 
 WAITING = "vllm:num_requests_waiting"

@@ -9,6 +9,7 @@ import random
 import sys
 from typing import Any
 
+from folio.operator.k8s.names import ROUTER_CLUSTER_ROLE
 from folio.operator.spec import DEFAULT_IMAGE
 
 
@@ -28,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"],
                         help="access mode of the weights cache PVCs (default ReadWriteMany, which engines "
                         "on several nodes need; ReadWriteOnce suits a one-node cluster)")
-    parser.add_argument("--router-cluster-role", default=os.environ.get("FOLIO_ROUTER_CLUSTER_ROLE", "folio-router"),
+    parser.add_argument("--router-cluster-role", default=os.environ.get("FOLIO_ROUTER_CLUSTER_ROLE", ROUTER_CLUSTER_ROLE),
                         help="the ClusterRole each router's RoleBinding refers to (the chart creates it; "
-                        "default: $FOLIO_ROUTER_CLUSTER_ROLE or folio-router)")
+                        f"default: $FOLIO_ROUTER_CLUSTER_ROLE or {ROUTER_CLUSTER_ROLE})")
     parser.add_argument("--operator-pod-labels", default=os.environ.get("FOLIO_OPERATOR_POD_LABELS", ""),
                         metavar="K=V,...", help="labels of the operator's own pods, which the engines' "
                         "NetworkPolicies admit (with $POD_NAMESPACE; the chart sets both)")

@@ -15,9 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from folio.operator.k8s.client import Kube
-from folio.operator.serving.inference_pool import API_VERSION as POOL_API_VERSION
-from folio.operator.serving.inference_pool import KIND as POOL_KIND
-from folio.operator.serving.inference_pool import PLURAL as POOL_PLURAL
+from folio.operator.k8s.names import INFERENCE_POOL, PLURALS
 from folio.operator.serving.inference_pool import wanted
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import InferenceServiceSpec
@@ -28,11 +26,11 @@ Kind = tuple[str, str]  # (apiVersion, kind)
 
 # Optional kind -> (the condition's reason, what to tell the user) when the cluster does not serve it.
 OPTIONAL: dict[Kind, tuple[str, str]] = {
-    (POOL_API_VERSION, POOL_KIND): (
+    INFERENCE_POOL: (
         "InferencePoolUnavailable",
         f"an InferencePool is asked for (spec.router.inferencePool, or the operator's --inference-pool), "
-        f"but the cluster does not serve {POOL_PLURAL}.{POOL_API_VERSION.split('/')[0]} "
-        f"({POOL_API_VERSION}): install the Gateway API inference extension's CRDs. "
+        f"but the cluster does not serve {PLURALS[INFERENCE_POOL]}.{INFERENCE_POOL[0].split('/')[0]} "
+        f"({INFERENCE_POOL[0]}): install the Gateway API inference extension's CRDs. "
         f"Serving goes on through Folio's router without it",
     ),
 }
@@ -40,7 +38,7 @@ OPTIONAL: dict[Kind, tuple[str, str]] = {
 
 def asked_for(spec: InferenceServiceSpec, settings: PlanSettings) -> list[Kind]:
     """The optional kinds among the children `spec` asks for (whatever its rollout's state)."""
-    return [(POOL_API_VERSION, POOL_KIND)] if wanted(spec.router.inference_pool, settings.inference_pool) else []
+    return [INFERENCE_POOL] if wanted(spec.router.inference_pool, settings.inference_pool) else []
 
 
 @dataclass

@@ -27,7 +27,8 @@ from folio.operator.controller import metrics
 from folio.operator.controller.children import INDEXED_KINDS, Children, Expectations, index_child, index_id
 from folio.operator.controller.executor import delete_all
 from folio.operator.controller.observe import overrides
-from folio.operator.controller.reconcile import Context, call, memo_part, reconcile
+from folio.operator.controller.reconcile import Context, memo_part, reconcile
+from folio.operator.controller.runtime import call
 from folio.operator.k8s.client import ApiError
 from folio.operator.k8s.names import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PLURALS
 from folio.operator.spec import DOMAIN, GROUP, PLURAL, SCALE_UP_ANNOTATION, VERSION

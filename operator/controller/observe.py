@@ -12,9 +12,17 @@ from datetime import datetime
 from typing import Literal
 
 from folio.operator.controller.children import Children, Obj
-from folio.operator.k8s.names import ROUTER_PORT, component_labels, engine_name, prepull_job_name
+from folio.operator.k8s.names import (
+    ENGINE_PORT,
+    ROUTER_PORT,
+    component_labels,
+    engine_name,
+    override_annotation,
+    prepull_job_name,
+)
 from folio.operator.rollout import OVERRIDES, Observed, RevisionFacts
-from folio.operator.spec import DOMAIN, InferenceServiceSpec, InferenceServiceStatus, revision_name
+from folio.operator.serving.plan import RUNNING_ROLES
+from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus, revision_name
 
 WeightsState = Literal["pending", "ready", "failed"]
 
@@ -57,7 +65,7 @@ def _revision_facts(children: Children, isvc: str, rev: str, status: InferenceSe
 
 def overrides(annotations: Mapping[str, str]) -> frozenset[str]:
     """The manual overrides asked for with `folio.dev/<name>` annotations."""
-    return frozenset(name for name in OVERRIDES if f"{DOMAIN}/{name}" in annotations)
+    return frozenset(name for name in OVERRIDES if override_annotation(name) in annotations)
 
 
 def job_weights(job: Obj | None, pods: Sequence[Obj] = ()) -> tuple[WeightsState, str]:
@@ -96,17 +104,48 @@ def router_metrics_urls(pods: Sequence[Obj]) -> list[str]:
     urls = []
     for pod in pods:
         status = pod.get("status") or {}
-        ip = status.get("podIP")
-        if status.get("phase") != "Running" or not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        host = pod_host(pod)
+        if status.get("phase") != "Running" or not host or (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
         port = ROUTER_PORT
         for container in (pod.get("spec") or {}).get("containers") or []:
             for p in container.get("ports") or []:
                 if p.get("name") == "http":
                     port = int(p["containerPort"])
-        host = f"[{ip}]" if ":" in ip else ip
         urls.append(f"http://{host}:{port}/metrics")
     return sorted(urls)
+
+
+def engine_capacity(children: Children, isvc: str, status: InferenceServiceStatus) -> tuple[int, int, list[str]]:
+    """Of the running revisions' engines: ready replicas, replicas asked for and not ready yet (Pending,
+    pulling the image, loading weights), and the `/metrics` of the ready pods (Waiting and KVCache)."""
+    ready = starting = 0
+    urls: list[str] = []
+    for rev in status.revisions:
+        if rev.role not in RUNNING_ROLES:
+            continue
+        deployment = children.get("apps/v1", "Deployment", engine_name(isvc, rev.name))
+        if deployment is None:
+            continue
+        up = ready_replicas(deployment)
+        ready += up
+        starting += max(0, int((deployment.get("spec") or {}).get("replicas") or 0) - up)
+        pods = [p for p in children.pods_with(component_labels(isvc, "engine", rev.name)) if pod_ready(p)]
+        urls += [f"http://{pod_host(p)}:{ENGINE_PORT}/metrics" for p in pods if pod_host(p)]
+    return ready, starting, sorted(urls)
+
+
+def pod_ready(pod: Obj) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_host(pod: Obj) -> str:
+    """A pod's IP as a URL host ("" before it has one)."""
+    ip = (pod.get("status") or {}).get("podIP") or ""
+    return f"[{ip}]" if ":" in ip else ip
 
 
 def _condition(obj: Obj, type_: str) -> Obj | None:

@@ -2,7 +2,8 @@
 
 The planner names what it creates with these, the executor and the observer find it with them, the
 router recognises its revisions' EndpointSlices by them and the analysis finds the router pods; no
-other module spells a label, a port or an object name out.
+other module spells a label, a port, an annotation or an object name out (tests/k8s/test_names.py
+greps for the usual slips).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from folio.operator.spec import API_VERSION, GROUP, KIND, PLURAL
+from folio.operator.spec import API_VERSION, DOMAIN, GROUP, KIND, PLURAL
 
 Component = Literal["engine", "router", "prepull", "cache"]
 
@@ -27,6 +28,10 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ENGINE_PORT = 8000  # `folio serve` in an engine pod
 ROUTER_PORT = 8080  # `folio router` in a router pod
 ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{isvc}`, port 80
+
+# The Gateway API inference extension's pool (opt-in, `folio.operator.serving.inference_pool`).
+INFERENCE_POOL: tuple[str, str] = ("inference.networking.k8s.io/v1", "InferencePool")  # (apiVersion, kind)
+SCALED_OBJECT: tuple[str, str] = ("keda.sh/v1alpha1", "ScaledObject")  # KEDA's, with spec.autoscaling.keda
 
 # (apiVersion, kind) -> plural, for every kind Folio reads or writes.
 PLURALS: dict[tuple[str, str], str] = {
@@ -44,8 +49,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
-    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
+    INFERENCE_POOL: "inferencepools",
+    SCALED_OBJECT: "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
     (API_VERSION, KIND): PLURAL,
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
@@ -58,9 +63,9 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("inference.networking.k8s.io/v1", "InferencePool"),  # opt-in; kopf skips it where its CRD is absent
+    INFERENCE_POOL,  # opt-in; kopf skips it where its CRD is absent
     # Without KEDA in the cluster kopf logs that it cannot watch these, and there are none to prune.
-    ("keda.sh/v1alpha1", "ScaledObject"),
+    SCALED_OBJECT,
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -112,6 +117,11 @@ def engine_name(isvc: str, revision: str) -> str:
     return f"{isvc}-{revision}"
 
 
+def engine_service_url(namespace: str, isvc: str, revision: str) -> str:
+    """A revision's engine Service in the cluster's DNS (headless: the name resolves to its ready pods)."""
+    return f"http://{engine_name(isvc, revision)}.{namespace}.svc:{ENGINE_PORT}"
+
+
 def revision_of_service(isvc: str, service: str) -> str | None:
     """Inverse of `engine_name`: the revision an engine Service (or its EndpointSlices) belongs to."""
     prefix = f"{isvc}-"
@@ -140,6 +150,25 @@ def prepull_job_name(isvc: str, revision: str) -> str:
 
 def disruption_budget_name(isvc: str, component: Component) -> str:
     return f"{isvc}-{component}"
+
+
+def network_policy_name(isvc: str) -> str:
+    """The NetworkPolicy that admits only the router (and the operator) to the engine pods."""
+    return f"{isvc}-engine"
+
+
+def endpoint_picker_name(isvc: str) -> str:
+    """The endpoint picker Service an InferencePool's ``endpointPickerRef`` names (what the upstream
+    inferencepool chart calls a pool's picker). Folio does not create it; the gateway's installation does."""
+    return f"{isvc}-epp"
+
+
+# ------------------------------------------------------------------------- annotations
+
+
+def override_annotation(name: str) -> str:
+    """The annotation that asks for a manual override: ``folio.dev/promote``, ``…/abort``, ``…/retry``."""
+    return f"{DOMAIN}/{name}"
 
 
 # --------------------------------------------------------------------------- namespace

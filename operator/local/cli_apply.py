@@ -13,14 +13,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from folio.operator.cli import fail
     from folio.operator.local.client import ControlError, LocalClient
-    from folio.operator.local.manifest import ManifestError, load_manifest
+    from folio.operator.local.manifest import ManifestError, read_manifest
+    from folio.operator.local.target import fail
+    from folio.operator.serving.validate import THIS_MACHINE, parse_manifest
 
     try:
-        manifest = load_manifest(args.file)
+        doc = read_manifest(args.file)
     except ManifestError as exc:
         return fail("apply", str(exc))
+    manifest, problems = parse_manifest(doc, THIS_MACHINE)  # what the running `folio up` checks too
+    if problems or manifest is None:
+        for problem in problems:
+            fail("apply", str(problem))
+        return 1
     client = LocalClient.find(args.state_dir)
     if client is None:
         return fail(
@@ -31,7 +37,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = client.apply(manifest.model_dump(mode="json", by_alias=True, exclude_none=True))
     except ControlError as exc:
-        return fail("apply", str(exc))
+        for line in str(exc).splitlines() or [""]:  # one line per problem
+            fail("apply", line)
+        return 1
     if result["changed"]:
         print(
             f"inferenceservice/{manifest.name} configured (revision {result['revision']}, generation {result['generation']})"

@@ -19,9 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from folio.operator.cli import fail
     from folio.operator.local.client import ControlError
-    from folio.operator.local.target import ClusterError, resolve_target
+    from folio.operator.local.target import ClusterError, fail, resolve_target
 
     override = args.command
     try:

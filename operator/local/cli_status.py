@@ -17,10 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from folio.operator.cli import fail
     from folio.operator.local.client import ControlError
     from folio.operator.local.render import status_table
-    from folio.operator.local.target import ClusterError, resolve_target
+    from folio.operator.local.target import ClusterError, fail, resolve_target
     from folio.operator.spec import InferenceServiceStatus
 
     console = Console()
@@ -57,7 +56,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     if not items:
-        console.print(f"no InferenceServices in namespace {target.cluster.namespace if target.cluster else '-'}")
+        namespace = target.cluster.namespace if target.cluster else "-"
+        console.print(f"no InferenceServices in namespace {namespace}", markup=False, emoji=False, highlight=False)
     for name, status, processes in items:
         console.print(status_table(name, InferenceServiceStatus.model_validate(status), processes))
     return 0

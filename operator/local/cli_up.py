@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import argparse
 
+from folio.operator.k8s.names import ROUTER_PORT
 from folio.operator.local.target import add_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="InferenceService YAML (file:// model sources with their digest)")
-    parser.add_argument("--port", type=int, default=8080, help="where the router listens (default: 8080)")
+    parser.add_argument("--port", type=int, default=ROUTER_PORT, help=f"where the router listens (default: {ROUTER_PORT})")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and plan the manifest, print what would run (each revision's weights and engine command "
+        "line, the router's config) and exit: nothing is started or written",
+    )
     add_state_dir(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     from folio.operator.local.up import run_up
 
-    return run_up(args.file, port=args.port, state_dir=args.state_dir)
+    return run_up(args.file, port=args.port, state_dir=args.state_dir, dry_run=args.dry_run)

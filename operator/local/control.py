@@ -6,6 +6,10 @@
     GET  /v1/status              the service's spec, status and processes
     POST /v1/apply               {"manifest": {...}}: a new spec (a new revision starts a canary)
     POST /v1/overrides/{name}    promote | abort | retry
+
+Errors are ``{"error": {"message": ...}}``; a refused manifest's message has one line per problem
+(``<field path>: <what is wrong>``, as `folio.operator.serving.validate` words them), and the error
+also lists them as ``problems`` ([{path, reason, message}]).
 """
 
 from __future__ import annotations
@@ -18,14 +22,32 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from folio.operator.rollout.types import OVERRIDES
-from folio.operator.spec import InferenceService, describe_errors
+from folio.operator.serving.validate import THIS_MACHINE, Problem, parse_manifest
+from folio.operator.spec import InferenceService
 
 if TYPE_CHECKING:
     from folio.operator.local.runtime import LocalRuntime
 
+
+class Refused(HTTPException):
+    """400 for a manifest with problems: one line each in the message, and the list itself."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(400, "\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def check_apply(body: object) -> InferenceService:
+    """The manifest of an apply request's body, valid for `folio up`; raises HTTPException (400) saying why not."""
+    manifest = body.get("manifest") if isinstance(body, dict) else None
+    if manifest is None:
+        raise HTTPException(400, 'invalid manifest: the body must be {"manifest": {...}}')
+    parsed, problems = parse_manifest(manifest, THIS_MACHINE)
+    if problems or parsed is None:
+        raise Refused(problems)
+    return parsed
 
 
 def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
@@ -37,7 +59,10 @@ def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _error(_request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc.detail)}}, status_code=exc.status_code)
+        error: dict[str, Any] = {"message": str(exc.detail)}
+        if isinstance(exc, Refused):
+            error["problems"] = [{"path": p.path, "reason": p.reason, "message": p.message} for p in exc.problems]
+        return JSONResponse({"error": error}, status_code=exc.status_code)
 
     @app.get("/v1/status")
     async def status() -> dict[str, Any]:
@@ -47,12 +72,13 @@ def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
     async def apply(request: Request) -> dict[str, Any]:
         try:
             body = await request.json()
-            manifest = InferenceService.model_validate(body["manifest"])
-            return runtime.apply(manifest)
-        except ValidationError as exc:
-            raise HTTPException(400, describe_errors(exc)) from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise HTTPException(400, f"invalid manifest: {exc}") from None
+        except ValueError as exc:
+            raise HTTPException(400, f"invalid manifest: the body is not JSON ({exc})") from None
+        manifest = check_apply(body)
+        try:
+            return runtime.apply(manifest)  # checks the name, and validates again
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
 
     @app.post("/v1/overrides/{override}", status_code=202)
     async def override(override: str) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""The status table `folio status` and `folio up` print, for local and cluster services alike."""
+"""The status table `folio status` and `folio up` print, for local and cluster services alike.
+
+Every cell is a `Text`: names, engine args, reasons and messages (some from the API server) are printed as
+they are, never read as rich markup."""
 
 from __future__ import annotations
 
@@ -19,21 +22,21 @@ def status_table(
 ) -> Group:
     """Revisions with their role, traffic and replicas, then conditions and the last analysis."""
     weights = {t.revision: t.weight for t in status.traffic}
-    title = f"InferenceService [bold]{name}[/] — {status.phase or 'Pending'}"
+    title = Text.assemble("InferenceService ", (name, "bold"), f" — {status.phase or 'Pending'}")
     revs = Table(title=title, title_justify="left", expand=False)
     for col in ("revision", "role", "traffic", "ready", "restarts", "engine args"):
         revs.add_column(col, justify="right" if col in ("traffic", "ready", "restarts") else "left")
     for rev in status.revisions:
         proc = (processes or {}).get(rev.name)
         ready = f"{proc['ready']}/{proc['replicas']}" if proc else str(rev.ready_replicas)
-        revs.add_row(
+        revs.add_row(*map(Text, (
             rev.name,
             rev.role if rev.weights_ready else f"{rev.role} (pulling weights)",
             f"{weights.get(rev.name, 0)}%",
             ready,
             str(proc["restarts"]) if proc else "-",
             "\n".join(f"{k}={v}" for k, v in sorted(rev.args.items())) or "-",
-        )
+        )))  # fmt: skip
     parts: list[Any] = [revs]
     for source in dict.fromkeys(rev.model.source for rev in status.revisions):
         parts.append(Text(f"model: {source}", style="dim"))
@@ -58,7 +61,7 @@ def status_table(
         conds.add_column(col)
     for c in status.conditions:
         styles = _DEGRADED_STYLE if c.type == "Degraded" else _CONDITION_STYLE
-        conds.add_row(c.type, Text(c.status, style=styles.get(c.status, "")), c.reason, c.message)
+        conds.add_row(Text(c.type), Text(c.status, style=styles.get(c.status, "")), Text(c.reason), Text(c.message))
     if status.conditions:
         parts.append(conds)
 
@@ -67,6 +70,6 @@ def status_table(
         for col in ("revision", "reason", "at", "message"):
             failed.add_column(col)
         for f in status.failed_revisions:
-            failed.add_row(f.revision, f.reason, f.at, f.message)
+            failed.add_row(Text(f.revision), Text(f.reason), Text(f.at), Text(f.message))
         parts.append(failed)
     return Group(*parts)

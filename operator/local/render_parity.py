@@ -21,7 +21,8 @@ def parity_table(name: str, status: InferenceServiceStatus) -> Group | Text:
     if report is None:
         return Text(f"{name}: no parity report (spec.rollout.parity unset, or no canary has been gated yet)")
     colour = {"Pass": "green", "Fail": "red", "Error": "yellow"}[report.verdict]
-    head = Table(title=f"{name}: parity of canary {report.revision} vs stable {report.stable_revision}",
+    # names, messages and prompts are the user's text: rich Text, never markup
+    head = Table(title=Text(f"{name}: parity of canary {report.revision} vs stable {report.stable_revision}"),
                  show_header=False, title_justify="left")
     head.add_row("verdict", Text(report.verdict, style=f"bold {colour}"))
     if report.verdict != "Error":
@@ -31,7 +32,7 @@ def parity_table(name: str, status: InferenceServiceStatus) -> Group | Text:
         head.add_row("token match", f"{report.token_match:.1%}")
         head.add_row("tokenized differently", str(report.prompt_token_mismatches))
     if report.message:
-        head.add_row("message", report.message)
+        head.add_row("message", Text(report.message))
     head.add_row("at", f"{report.at or '-'} ({report.seconds or 0:.1f}s)")
     if not report.worst:
         return Group(head)
@@ -42,5 +43,6 @@ def parity_table(name: str, status: InferenceServiceStatus) -> Group | Text:
         where = "-" if w.first_divergence is None else f"token {w.first_divergence}"
         if w.prompt_tokens_differ:
             where += " (prompt tokens differ)"
-        worst.add_row(str(w.index), w.prompt, f"{w.cosine:.6f}", where, repr(w.stable), repr(w.canary))
+        worst.add_row(str(w.index), Text(w.prompt), f"{w.cosine:.6f}", Text(where), Text(repr(w.stable)),
+                      Text(repr(w.canary)))
     return Group(head, worst)

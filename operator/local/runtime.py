@@ -16,34 +16,32 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
-from folio.operator.analysis.parity_run import GateRunner, poll_gate
-from folio.operator.analysis.parity_sources import local_suite
-from folio.operator.analysis.sampler import IntervalSampler
-from folio.operator.local.autoscale import LocalAutoscaler
 from folio.operator.local.render import status_table
 from folio.operator.local.state import SavedState, StateDir, write_json_atomic
 from folio.operator.local.supervisor import Supervisor
+from folio.operator.parity import SuitePrompt, local_suite
 from folio.operator.prepull import ProgressBar, WeightsError, prepull
-from folio.operator.rollout import Event, Observed, RevisionFacts, advance
-from folio.operator.router.config import ConfigError, RouterConfig
-from folio.operator.serving.engine import engine_flags
-from folio.operator.serving.errors import PlanningError
-from folio.operator.serving.plan import Placement, RevisionPlan, ServingPlan, plan
+from folio.operator.reconcile import Capacity, Memory, Target, run_pass
+from folio.operator.rollout import Decision, Event, Observed, RevisionFacts
+from folio.operator.serving.plan import RUNNING_ROLES, Placement, RevisionPlan, ServingPlan
+from folio.operator.serving.router import RouterConfig
+from folio.operator.serving.validate import THIS_MACHINE, Site, validate
 from folio.operator.spec import (
-    AutoscalingStatus,
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    ParitySpec,
     RevisionStatus,
-    check_name,
     revision_name,
 )
 
@@ -68,6 +66,12 @@ class Weights:
 
 
 class LocalRuntime:
+    """This machine as a pass's runtime (`folio.operator.reconcile.Runtime`): engine processes, one router, status
+    in the state folder."""
+
+    site: Site = THIS_MACHINE
+    keda = False  # no KEDA here: the pass's autoscaler scales engine processes by the same rules
+
     def __init__(
         self,
         state_dir: StateDir,
@@ -82,15 +86,13 @@ class LocalRuntime:
         self.port = port
         self.console = console or Console(stderr=True)
         self.supervisor = supervisor or Supervisor(state_dir.logs_dir, on_event=self._process_event)
-        self.analysis = IntervalSampler(self.name)
-        self.parity = GateRunner()  # the parity gate in flight, if any
-        self._http = httpx.AsyncClient(trust_env=False)
-        self.autoscaler = LocalAutoscaler(self.name, self.router_url, self._http)
+        self.memory = Memory(self.name)
+        self.http = httpx.AsyncClient(trust_env=False)
+        self.placement = Placement.this_machine(state_dir.cache_dir)
         self.weights: dict[str, Weights] = {}  # by revision (the same weights are hard-linked, not pulled again)
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._router_doc: dict[str, Any] | None = None
-        self._router_problem = ""
         self._greeted = False
 
     # ------------------------------------------------------------ properties
@@ -110,12 +112,16 @@ class LocalRuntime:
     # ---------------------------------------------------- the control API
 
     def apply(self, manifest: InferenceService) -> dict[str, Any]:
-        """Take a new manifest for the running service; raises ValueError when it cannot be used."""
+        """Take a new manifest for the running service; raises ValueError when it cannot be used (one
+        line per problem, each naming its field)."""
         if manifest.name != self.name:
             raise ValueError(
-                f"this `folio up` runs InferenceService {self.name!r}; the manifest names {manifest.name!r}"
+                f"metadata.name: this `folio up` runs InferenceService {self.name!r}; the manifest names "
+                f"{manifest.name!r}"
             )
-        check_manifest(manifest)
+        problems = validate(manifest.name, manifest.spec, self.site)
+        if problems:
+            raise ValueError("\n".join(str(p) for p in problems))
         changed = manifest.spec != self.spec
         if changed:
             self.saved.manifest = manifest
@@ -162,7 +168,7 @@ class LocalRuntime:
     # --------------------------------------------------------------- the loop
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._write_router_config()
+        # The router waits for its config file; the first pass writes it and waits for the router to follow.
         self.supervisor.ensure(
             ROUTER,
             1,
@@ -171,72 +177,39 @@ class LocalRuntime:
             ),
             port=self.port,
         )
-        self._say(f"router on {self.router_url} (state in {self.dir.root})")
+        self._say(f"router on {escape(self.router_url)} (state in {escape(str(self.dir.root))})")
         while not stop.is_set():
-            await self.step()
+            decision = await self.step()
             self._wake.clear()
             # a tick, or sooner when an apply, an override or a finished pre-pull asks for it
-            wait = self.analysis.requeue(TICK_S, self.saved.status, datetime.now(timezone.utc))
+            wait = min(TICK_S, decision.requeue_after or TICK_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def step(self) -> None:
-        """One observe → decide → act round."""
-        await self.supervisor.tick()
-        status = self.saved.status
-        now = datetime.now(timezone.utc)
-        sample = None
-        if self.analysis.due(self.spec.rollout.analysis, now):
-            sample = await self.analysis.take(self._http, [f"{self.router_url}/metrics"], status=status,
-                                              spec=self.spec.rollout.analysis, now=now)
-        gate = self.spec.rollout.parity  # poll_gate starts nothing without one
-        parity = poll_gate(self.parity, self._http, self.spec, status, now, urls=self.supervisor.endpoints,
-                           load_suite=lambda: local_suite(gate))  # type: ignore[arg-type]
-        observed = Observed(
-            now=now,
-            revisions={rev.name: self._facts(rev) for rev in status.revisions},
-            analysis=sample,
-            parity=parity,
-            overrides=frozenset(self.saved.overrides),
-        )
-        decision = advance(self.spec, self.saved.generation, status, observed)
-        decision.status.autoscaling = await self._autoscale(decision.status, now)
-        self.analysis.restart(self.spec.rollout.analysis, decision.status, datetime.now(timezone.utc))
-        for event in decision.events:
-            self._on_event(event)
-        # The router learns first and confirms before the status says anything: a phase `folio status` shows is
-        # already what the router serves, and a revision's processes go only once no request is sent to them.
-        serving = self._plan(decision.status)
-        config = self._write_router_config(serving)
-        if config is not None:
-            await self._router_follows(config.fingerprint())
-        changed = decision.status != status or bool(decision.overrides_done)
-        self.saved.status = decision.status
-        self.saved.overrides -= set(decision.overrides_done)
-        if changed:
-            self.dir.save(self.saved)
-        if decision.status.phase != status.phase and decision.status.phase in SETTLED_PHASES:
-            self.console.print(status_table(self.name, self.saved.status, self.snapshot()["processes"]))
-            if not self._greeted and decision.status.traffic:
-                self._greeted = True
-                served = self.spec.model.served_name or self.name
-                self._say(
-                    f"serving [bold]{served}[/] at {self.router_url}/v1 (OpenAI API); "
-                    "`folio status`, `folio apply FILE`; Ctrl-C stops everything"
-                )
-        self._reconcile(serving)
+    async def step(self) -> Decision:
+        """One pass (`folio.operator.reconcile.run_pass`), the same the operator runs."""
+        target = Target(self.name, self.spec, self.saved.generation, self.saved.status)
+        return (await run_pass(self, self.memory, target)).decision
 
     async def shutdown(self) -> None:
         """Drain: the router first (it finishes in-flight requests), then every engine."""
         self._say("draining: stopping the router, then the engines")
         for task in self._pulls.values():
             task.cancel()
-        self.parity.cancel()
+        self.memory.parity.cancel()
         await self.supervisor.stop_all(order=[ROUTER])
-        await self._http.aclose()
+        await self.http.aclose()
         self._say("all processes stopped")
 
-    # ---------------------------------------------------------- observation
+    # ------------------------------------------------------- what a pass observes
+
+    async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
+        await self.supervisor.tick()
+        return Observed(
+            now=now,
+            revisions={rev.name: self._facts(rev) for rev in status.revisions},
+            overrides=frozenset(self.saved.overrides),
+        )
 
     def _facts(self, rev: RevisionStatus) -> RevisionFacts:
         w = self.weights.get(rev.name) or Weights("pending", "waiting to pre-pull")
@@ -247,26 +220,59 @@ class LocalRuntime:
             crash_looping=self.supervisor.crash_looping(rev.name),
         )
 
-    async def _autoscale(self, status: InferenceServiceStatus, now: datetime) -> AutoscalingStatus | None:
-        """The autoscaler's decision (`spec.autoscaling`, KEDA or not: there is no KEDA here)."""
-        if self.spec.autoscaling is None:
-            return None
-        scaled = await self.autoscaler.step(self.spec, status, self.supervisor, now)
-        if scaled.event is not None:
-            self._say(f"[cyan]{scaled.event.reason}[/]: {scaled.event.message}")
-        return scaled.status
+    def router_metrics(self) -> list[str]:
+        return [f"{self.router_url}/metrics"]
+
+    def capacity(self, status: InferenceServiceStatus) -> Capacity:
+        running = [r.name for r in status.revisions if r.role in RUNNING_ROLES]
+        ready = sum(self.supervisor.ready_count(name) for name in running)
+        asked = sum(len(self.supervisor.groups.get(name, [])) for name in running)
+        engines = [f"{url}/metrics" for name in running for url in self.supervisor.endpoints(name)]
+        return Capacity(ready, max(0, asked - ready), engines)
+
+    def replica_urls(self, revision: str) -> Sequence[str]:
+        return self.supervisor.endpoints(revision)
+
+    def suite(self, gate: ParitySpec) -> Callable[[], Awaitable[list[SuitePrompt]]]:
+        return lambda: local_suite(gate)
+
+    def endpoints(self) -> Mapping[str, Sequence[str]]:
+        return {g: self.supervisor.endpoints(g) for g in self.supervisor.groups if g != ROUTER}
 
     # --------------------------------------------------------------- acting
 
-    def _plan(self, status: InferenceServiceStatus | None = None) -> ServingPlan:
-        endpoints = {g: self.supervisor.endpoints(g) for g in self.supervisor.groups if g != ROUTER}
-        status = self.saved.status if status is None else status
-        return plan(self.name, self.spec, status, Placement.this_machine(self.dir.cache_dir), endpoints)
+    async def execute(self, serving: ServingPlan | None, decision: Decision) -> None:
+        status = self.saved.status
+        for event in decision.events:
+            self._on_event(event)
+        # The router learns first and confirms before the status says anything: a phase `folio status` shows is
+        # already what the router serves, and a revision's processes go only once no request is sent to them.
+        if serving is not None:
+            config = self._write_router_config(serving.router)
+            if config is not None:
+                await self._router_follows(config.fingerprint())
+        changed = decision.status != status or bool(decision.overrides_done)
+        self.saved.status = decision.status
+        self.saved.overrides -= set(decision.overrides_done)
+        if changed:
+            self.dir.save(self.saved)
+        if decision.status.phase != status.phase and decision.status.phase in SETTLED_PHASES:
+            self.console.print(status_table(self.name, self.saved.status, self.snapshot()["processes"]))
+            if not self._greeted and decision.status.traffic:
+                self._greeted = True
+                served = escape(self.spec.model.served_name or self.name)
+                self._say(
+                    f"serving [bold]{served}[/] at {escape(self.router_url)}/v1 (OpenAI API); "
+                    "`folio status`, `folio apply FILE`; Ctrl-C stops everything"
+                )
+        if serving is not None:
+            self._run(serving)
 
-    def _reconcile(self, serving: ServingPlan) -> None:
+    def _run(self, serving: ServingPlan) -> None:
+        """The plan's processes: an engine group per running revision, its pre-pull first."""
         for group in list(self.supervisor.groups):
             if group != ROUTER and serving.revision(group) is None:
-                self._say(f"stopping revision {group}")
+                self._say(f"stopping revision {escape(group)}")
                 self.supervisor.remove(group)
         for rev in serving.revisions:
             if rev.pull_weights:
@@ -276,7 +282,7 @@ class LocalRuntime:
                     self.supervisor.scale_down(rev.name, 0)
                 continue
             if not self.supervisor.has(rev.name):
-                self._say(f"starting {rev.replicas} replica(s) of revision {rev.name}")
+                self._say(f"starting {rev.replicas} replica(s) of revision {escape(rev.name)}")
             self.supervisor.ensure(
                 rev.name, rev.replicas, lambda port, rev=rev: folio_argv("serve", *rev.serve_args(port))
             )
@@ -291,7 +297,7 @@ class LocalRuntime:
     async def _pull(self, rev: RevisionPlan, w: Weights) -> None:
         bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=rev.name)
 
-        self._say(f"pre-pulling the weights of revision {rev.name} from {rev.model.source}")
+        self._say(escape(f"pre-pulling the weights of revision {rev.name} from {rev.model.source}"))
         try:
             with bar as show:
 
@@ -303,25 +309,15 @@ class LocalRuntime:
                 pulled = await asyncio.to_thread(prepull, rev.model, Path(rev.weights), progress=progress)
         except (WeightsError, OSError, ValueError) as exc:
             w.state, w.message = "failed", str(exc)
-            self._say(f"[red]weights of revision {rev.name} failed[/]: {exc}")
+            self._say(f"[red]weights of revision {escape(rev.name)} failed[/]: {escape(str(exc))}")
         else:
             w.state, w.message = "ready", ""
             how = "already in the cache" if pulled.reused else f"pulled from {rev.model.source}"
-            self._say(f"weights of revision {rev.name} verified ({pulled.digest}), {how}: {pulled.path}")
+            self._say(escape(f"weights of revision {rev.name} verified ({pulled.digest}), {how}: {pulled.path}"))
         self._wake.set()
 
-    def _write_router_config(self, serving: ServingPlan | None = None) -> RouterConfig | None:
-        """Writes the file the router follows when the plan's config differs from the last written; returns
-        the config written, if any."""
-        serving = serving or self._plan()
-        try:
-            config = serving.router
-        except ConfigError as exc:  # the router keeps its last good config; say so once
-            if str(exc) != self._router_problem:
-                self._router_problem = str(exc)
-                self._say(f"[red]router config[/]: {exc} (the router keeps its last good config)")
-            return None
-        self._router_problem = ""
+    def _write_router_config(self, config: RouterConfig) -> RouterConfig | None:
+        """Writes the file the router follows when ``config`` differs from the last written; returns it then."""
         doc = config.to_wire()
         if doc == self._router_doc:
             return None
@@ -335,7 +331,7 @@ class LocalRuntime:
         deadline = time.monotonic() + ROUTER_FOLLOW_S
         while True:
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                resp = await self._http.get(f"{self.router_url}/ready", timeout=1.0)
+                resp = await self.http.get(f"{self.router_url}/ready", timeout=1.0)
                 if resp.json().get("config") == fingerprint:
                     return True
             if time.monotonic() >= deadline:
@@ -347,38 +343,13 @@ class LocalRuntime:
 
     def _on_event(self, event: Event) -> None:
         style = "yellow" if event.type == "Warning" else "green"
-        self._say(f"[{style}]{event.reason}[/]: {event.message}")
+        self._say(f"[{style}]{escape(event.reason)}[/]: {escape(event.message)}")
 
     def _process_event(self, message: str) -> None:
-        self._say(f"[yellow]process[/]: {message}")
+        self._say(f"[yellow]process[/]: {escape(message)}")
 
     def _say(self, message: str) -> None:
+        """``message`` is rich markup: escape whatever in it came from a user, a file or another process."""
         self.console.print(
-            f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {message}", highlight=False, soft_wrap=True
+            f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {message}", highlight=False, soft_wrap=True, emoji=False
         )
-
-
-# One machine runs every replica as a process of its own: more than this is a typo, not a plan.
-LOCAL_MAX_REPLICAS = 16
-
-
-def check_manifest(manifest: InferenceService) -> None:
-    """What the spec model cannot check but `folio up` needs; raises ValueError with the reason."""
-    check_name(manifest.name)  # as the API server (and Folio's children's names) would
-    if manifest.spec.replicas > LOCAL_MAX_REPLICAS:
-        raise ValueError(
-            f"spec.replicas {manifest.spec.replicas} is more than `folio up` runs on one machine "
-            f"(at most {LOCAL_MAX_REPLICAS} engine processes per revision)"
-        )
-    auto = manifest.spec.autoscaling
-    if auto is not None and auto.max_replicas > LOCAL_MAX_REPLICAS:
-        raise ValueError(
-            f"spec.autoscaling.maxReplicas {auto.max_replicas} is more than `folio up` runs on one machine "
-            f"(at most {LOCAL_MAX_REPLICAS} engine processes per revision)"
-        )
-    if manifest.spec.model.scheme == "pvc":
-        raise ValueError("pvc:// sources need a cluster; `folio up` serves file:// (and hf://) sources")
-    try:
-        engine_flags(manifest.spec.engine.args)
-    except PlanningError as exc:
-        raise ValueError(exc.message) from None

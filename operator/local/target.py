@@ -9,6 +9,7 @@ and clears, exactly as the rollout state machine's ``overrides`` input expects.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,12 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, name_required: bool
     parser.add_argument("-n", "--namespace", help="cluster namespace (default: the kube context's)")
 
 
+def fail(command: str, message: str) -> int:
+    """A command's error: one line on stderr, exit code 1."""
+    print(f"folio {command}: {message}", file=sys.stderr)
+    return 1
+
+
 class ClusterError(RuntimeError):
     """No usable cluster, or the API server refused; the message says why."""
 
@@ -63,9 +70,10 @@ class Cluster:
 
     def request_override(self, name: str, override: str) -> None:
         """Set ``folio.dev/<override>`` (the value records when it was asked)."""
-        from folio.operator.spec import API_VERSION, DOMAIN, KIND, now_iso
+        from folio.operator.k8s.names import override_annotation
+        from folio.operator.spec import API_VERSION, KIND, now_iso
 
-        patch = {"metadata": {"annotations": {f"{DOMAIN}/{override}": now_iso(datetime.now(timezone.utc))}}}
+        patch = {"metadata": {"annotations": {override_annotation(override): now_iso(datetime.now(timezone.utc))}}}
         self._call(lambda kube: kube.merge_patch(API_VERSION, KIND, self.namespace, name, patch),
                    f"InferenceService {name!r}")
 

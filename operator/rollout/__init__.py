@@ -9,7 +9,8 @@ continues exactly where the last one stopped: everything it needs is in ``status
     types        what it reads besides spec and status (Observed) and what it answers (Decision)
     advance      one pass: the order of the parts below; state: the pass's working copy
     transitions  revisions admitted, superseded, failed, retired; overrides abort and retry
-    canary       the canary's steps, what a sample counts for, promotion
+    canary       the canary's steps, what a sample counts for, promotion; it acts on the parity gate's
+                 decision before step 1 (`folio.operator.parity`, which knows nothing of the rollout)
     traffic      who gets traffic (status.traffic)
     conditions   phase, the four conditions and their messages
 

@@ -10,7 +10,7 @@ the ``promote`` override, it is promoted: it becomes Stable and the old stable r
 from __future__ import annotations
 
 from folio.operator.autoscaling.share import promotion_ready
-from folio.operator.rollout import parity_gate
+from folio.operator.parity import gate as parity_gate
 from folio.operator.rollout.conditions import describe_sample
 from folio.operator.rollout.state import Pass
 from folio.operator.rollout.transitions import fail, retire
@@ -31,7 +31,7 @@ def progress(p: Pass) -> None:
         promote(p, canary, "the rollout has no steps")
         return
     if c.step_started_at is None:
-        if parity_gate.holds(p, canary, c):  # no traffic before the canary answers as stable does
+        if gate_holds(p, canary, c):  # no traffic before the canary answers as stable does
             return
         start_step(p, 0)
     c.step = min(c.step, len(steps) - 1)  # the spec may have lost steps since
@@ -57,6 +57,27 @@ def progress(p: Pass) -> None:
     p.requeue.append(p.spec.rollout.analysis.interval_seconds)
 
 
+def gate_holds(p: Pass, canary: RevisionStatus, c: CanaryStatus) -> bool:
+    """True while the parity gate keeps the canary from step 1 (its report pending, failed or unable to
+    run): records the report just observed, then acts on the gate's decision (`folio.operator.parity.gate`)."""
+    d = parity_gate.decide(p.spec, p.st, canary, p.observed.parity, p.now, promote="promote" in p.overrides)
+    if d.record is not None:
+        c.parity = d.record
+    for event in d.events:
+        p.event(*event)
+    action = d.action
+    if isinstance(action, parity_gate.Proceed):
+        return False
+    if isinstance(action, parity_gate.Fail):
+        fail(p, canary, action.reason, action.message)
+        p.st.failed_revisions[-1].parity = action.report
+        for event in action.events:
+            p.event(*event)
+        return True
+    p.requeue.append(action.requeue_s)
+    return True
+
+
 def passed_this_step(c: CanaryStatus) -> bool:
     """The latest sample passed, and was taken during the current step: the one that ended the previous
     step (stamped when this one started) does not count, the canary has not been measured at this weight."""
@@ -73,7 +94,7 @@ def passed_this_step(c: CanaryStatus) -> bool:
 def start_step(p: Pass, index: int) -> None:
     c, step = p.st.canary, p.spec.rollout.steps[index]
     assert c is not None
-    c.step, c.weight, c.step_started_at = index, step.weight, p.at
+    c.step, c.step_started_at = index, p.at  # its weight is traffic.route's to write, from the step
     p.event(
         "Normal",
         "CanaryStep",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from folio.operator.parity import gate as parity_gate
 from folio.operator.spec import (
     AnalysisSample,
     CanaryStatus,
@@ -86,8 +87,6 @@ def summarize(p: Pass) -> None:
         phase = "Pending"
     st.phase = phase
 
-    from folio.operator.rollout import parity_gate
-
     gate_error = parity_gate.degraded(st)
     # a child whose kind the cluster does not serve (its CRD is absent): the service runs without it
     missing = p.observed.unavailable[0] if p.observed.unavailable else None
@@ -152,8 +151,6 @@ def _progressing(p: Pass, failed: FailedRevision | None, canary: RevisionStatus 
 def _canary_progress(spec: InferenceServiceSpec, canary: RevisionStatus, c: CanaryStatus) -> tuple[str, str]:
     if not canary.weights_ready:
         return "WeightsPending", f"pre-pulling the weights of canary {canary.name}"
-    from folio.operator.rollout import parity_gate
-
     gate = parity_gate.waiting(spec, canary, c)
     if gate is not None:
         return gate

@@ -17,6 +17,6 @@ app      the aiohttp app (/v1/*, /health, /ready, /metrics); server: run it (CLI
 Embedding (tests, benchmarks; `folio up` runs `folio router --config FILE` as a process):
 
     app = RouterApp("chat", InProcessSource(RouterConfig.parse({...})))
-    async with running_router(app, port=8080) as url:
+    async with running_router(app) as url:  # any free port; `folio router` listens on k8s.names.ROUTER_PORT
         ...
 """

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 from aiohttp import web
 
+from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
+from folio.engine.server.openai_errors import ErrorCode, body_too_large_message
 from folio.operator.router.affinity import affinity_key
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.errors import error_response
 from folio.operator.router.health import HealthChecker
 from folio.operator.router.loadscrape import LoadScraper
@@ -24,6 +25,7 @@ from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyRequest
 from folio.operator.router.sources import ConfigSource
 from folio.operator.router.state import RoutingState
+from folio.operator.serving.router import RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,10 @@ PROXIED: dict[str, tuple[str, bool, bool]] = {
     "/v1/chat/completions": ("POST", True, True),
     "/v1/models": ("GET", False, False),  # the same answer from every revision: ask stable
 }
-MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(self, status: int, message: str, code: ErrorCode) -> None:
         super().__init__(message)
         self.status, self.code = status, code
 
@@ -58,7 +59,7 @@ class RouterApp:
         health_timeout: float = 2.0,
         connect_timeout: float = 3.0,
         read_timeout: float = 600.0,
-        max_body_bytes: int = MAX_BODY_BYTES,
+        max_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,  # the engine's default too (one limit)
     ) -> None:
         self.isvc = isvc
         self.max_body_bytes = max_body_bytes
@@ -144,7 +145,7 @@ class RouterApp:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        return error_response(404, f"no route for {request.path}", code="not_found")
+        return error_response(404, f"no route for {request.path}", code=ErrorCode.NOT_FOUND)
 
     def _proxied(self, method: str, mirror: bool, use_split: bool) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -165,16 +166,16 @@ class RouterApp:
     async def _admit(self, request: web.Request, method: str, mirror: bool, use_split: bool) -> ProxyRequest:
         """Check the request before it costs an upstream anything."""
         if request.method != method:
-            raise RequestError(405, f"{request.path} accepts {method} only", "method_not_allowed")
+            raise RequestError(405, f"{request.path} accepts {method} only", ErrorCode.METHOD_NOT_ALLOWED)
         if not self.state.api_keys.allows(request.headers.get("Authorization")):
             raise RequestError(
-                401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "invalid_api_key"
+                401, "missing or invalid API key (send 'Authorization: Bearer KEY')", ErrorCode.INVALID_API_KEY
             )
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise RequestError(
-                413, f"request body is larger than {self.max_body_bytes} bytes", "body_too_large"
+                413, body_too_large_message(self.max_body_bytes), ErrorCode.BODY_TOO_LARGE
             ) from None
         parsed = _check_json_object(body) if method == "POST" else {}
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
@@ -185,13 +186,13 @@ class RouterApp:
 
 def _check_json_object(body: bytes) -> dict[str, object]:
     if not body:
-        raise RequestError(400, "request body is empty; expected a JSON object", "invalid_json")
+        raise RequestError(400, "request body is empty; expected a JSON object", ErrorCode.INVALID_JSON)
     try:
         parsed = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        raise RequestError(400, f"request body is not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
     if not isinstance(parsed, dict):
         raise RequestError(
-            400, f"request body must be a JSON object, got {type(parsed).__name__}", "invalid_json"
+            400, f"request body must be a JSON object, got {type(parsed).__name__}", ErrorCode.INVALID_JSON
         )
     return parsed

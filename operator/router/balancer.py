@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from folio.operator.metric_names import AFFINITY_HIT, AFFINITY_NEW, AFFINITY_SPILL
 from folio.operator.router.affinity import from_text
-from folio.operator.router.metric_names import AFFINITY_HIT, AFFINITY_NEW, AFFINITY_SPILL
 from folio.operator.router.outliers import OutlierDetector
 from folio.operator.router.ring import HashRing, key_hash, place
 from folio.operator.spec import LoadBalancingSpec

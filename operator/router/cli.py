@@ -12,7 +12,9 @@ import logging
 import os
 import sys
 
+from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S, ReadTimeouts
+from folio.operator.k8s.names import ROUTER_PORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --kubernetes: the InferenceService's namespace (default: the pod's own namespace)",
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 with --kubernetes)")
-    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument("--port", type=int, default=ROUTER_PORT, help=f"port to listen on (default {ROUTER_PORT})")
     parser.add_argument(
         "--api-keys-file",
         metavar="FILE",
@@ -56,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_BODY_S,
         help="seconds a client has to send a request's body after its headers (default %(default)s)",
     )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="answer 413 to a request body larger than this; the same default as `folio serve`'s, so the "
+        "router refuses nothing an engine would serve (default %(default)s, 32 MiB)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -72,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
         read_timeouts = ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)
     except ValueError as exc:
         print(f"folio router: {exc}", file=sys.stderr)
+        return 2
+    if args.max_request_body_bytes < 1:
+        limit = args.max_request_body_bytes
+        print(f"folio router: --max-request-body-bytes must be >= 1, got {limit}", file=sys.stderr)
         return 2
     keys: list[str] = []
     if args.api_keys_file:
@@ -116,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
         health_path=args.health_path,
         health_interval=args.health_interval,
         read_timeout=args.upstream_timeout,
+        max_body_bytes=args.max_request_body_bytes,
     )
     try:
         sock = bind(host, args.port)

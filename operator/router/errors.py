@@ -1,4 +1,5 @@
-"""Errors in the OpenAI shape, with the engine's vocabulary (`folio.engine.server.openai_errors`)."""
+"""Errors in the OpenAI shape, with the engine's vocabulary (`folio.engine.server.openai_errors`): every
+code is an `ErrorCode`, so a client matches the router's answers and the engine's with the same strings."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from folio.engine.server import openai_errors
+from folio.engine.server.openai_errors import ErrorCode
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
+def error_body(status: int, message: str, code: ErrorCode | None = None, param: str | None = None) -> bytes:
     return json.dumps(openai_errors.error_body(status, message, code=code, param=param)).encode()
 
 
@@ -18,7 +20,7 @@ def error_response(
     status: int,
     message: str,
     *,
-    code: str | None = None,
+    code: ErrorCode | None = None,
     param: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:

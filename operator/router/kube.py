@@ -3,8 +3,9 @@
 Two list-then-watch loops over the Kubernetes API (`folio.operator.k8s.client.AsyncKube`, on the
 router's own event loop): one for the InferenceService, one for the EndpointSlices of the
 namespace, kept when labelled `kubernetes.io/service-name={isvc}-{rev}`. Every change rebuilds the
-whole `RouterConfig` with `folio.operator.serving.router.router_config` from the typed status, as
-`folio up` does for its own router.
+whole `RouterConfig` with the planner's own `folio.operator.serving.router.router_config`, from the
+typed status and the routing parts of the spec (`RoutedSpec.from_wire`: this watch is a boundary that
+parses, and it parses only what routing needs), as `folio up` does for its own router.
 """
 
 from __future__ import annotations
@@ -15,20 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
 from folio.operator.k8s.client import AsyncKube, path
 from folio.operator.k8s.names import ENGINE_PORT, OVERFLOW_KEY_FILE, SERVICE_NAME_LABEL, revision_of_service
-from folio.operator.router.config import ConfigError, RouterConfig
 from folio.operator.router.sources import Apply
-from folio.operator.serving.router import routable, router_config
-from folio.operator.spec import (
-    API_VERSION,
-    KIND,
-    InferenceServiceSpec,
-    InferenceServiceStatus,
-    describe_errors,
-)
+from folio.operator.serving.router import RoutedSpec, RouterConfig, routable, router_config
+from folio.operator.spec import API_VERSION, KIND, InferenceServiceStatus
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +40,8 @@ class KubernetesSource:
         self._api = api
         self._retry_max_s = retry_max_s
         self._service: Object | None = None
-        self._spec: InferenceServiceSpec | None = None  # the last spec that could be read
+        self._spec: RoutedSpec | None = None  # the routing parts of the spec
+        self._spec_problems: list[str] = []
         self._slices: dict[str, Object] = {}
         # The overflow API key's Secret is mounted into the router's pod (the operator names it in the
         # Deployment): neither the router nor the operator may read Secrets through the API.
@@ -64,7 +57,7 @@ class KubernetesSource:
             async with publishing:
                 try:
                     apply(await self.config())
-                except ConfigError as exc:
+                except ValueError as exc:  # (ConfigError, or a status no router can follow)
                     log.error("InferenceService %s/%s: %s (keeping the last good config)", ns, self.isvc, exc)
 
         async def on_isvcs(items: list[Object]) -> None:
@@ -103,12 +96,12 @@ class KubernetesSource:
         status = InferenceServiceStatus.model_validate(svc.get("status") or {})
         if self._service is None:
             self._spec = None
-        elif svc.get("spec") is not None:
-            try:
-                self._spec = InferenceServiceSpec.model_validate(svc["spec"])
-            except pydantic.ValidationError as exc:  # the operator reports it; routing follows status
-                log.error("InferenceService %s/%s has an invalid spec (%s); keeping its last good overflow "
-                          "and shadow settings", self.namespace, self.isvc, describe_errors(exc, "spec"))
+        elif isinstance(svc.get("spec"), dict):
+            self._spec, problems = RoutedSpec.from_wire(svc["spec"])
+            if problems != self._spec_problems:  # the operator reports them in status; say so once here
+                for problem in problems:
+                    log.error("InferenceService %s/%s: %s; routing without it", self.namespace, self.isvc, problem)
+                self._spec_problems = problems
         wanted = set(routable(status))
         endpoints: dict[str, list[str]] = {}
         for name in sorted(self._slices):

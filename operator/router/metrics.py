@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 
 # Fine enough to read a p99 anywhere from 5 ms (the added-latency budget) to 60 s (long generations).
 LATENCY_BUCKETS = (

@@ -18,8 +18,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from folio.engine.server.openai_errors import ErrorCode
 from folio.operator.router.balancer import Replica
-from folio.operator.router.config import OVERFLOW, Overflow
 from folio.operator.router.errors import error_response
 from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
 from folio.operator.router.metrics import RouterMetrics
@@ -34,6 +34,7 @@ from folio.operator.router.timeouts import (
     stall_event,
     timed_out_response,
 )
+from folio.operator.serving.router import OVERFLOW, Overflow
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class Proxy:
         """A request the hold queue could not keep: overflow when configured, else 503 and when to retry."""
         if self.state.config.overflow is not None:
             return await self._overflow(req, downstream, self.state.config.overflow)
-        return error_response(503, f"no replica is ready: {why}", code="no_ready_replica",
+        return error_response(503, f"no replica is ready: {why}", code=ErrorCode.NO_READY_REPLICA,
                               headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def _route(
@@ -138,7 +139,7 @@ class Proxy:
         turned out gone (a scale to zero the config has not shown yet) is held instead of failed."""
         state = self.state
         config, balancer = state.config, state.balancer
-        stable = config.stable_revision
+        stable = config.stable
         primary = state.split.choose() if req.use_split else stable
         # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
         replica = balancer.pick(primary, key=req.affinity) or balancer.pick_any([stable], exclude=())
@@ -174,7 +175,7 @@ class Proxy:
             return await self._overflow(req, downstream, config.overflow)
         if failure is None:
             return error_response(
-                503, "no upstream replica is available", code="no_upstream",
+                503, "no upstream replica is available", code=ErrorCode.NO_UPSTREAM,
                 headers={"Retry-After": NO_UPSTREAM_RETRY_AFTER},
             )  # fmt: skip
         if failure.status is not None:  # the last replica's own answer, as it sent it
@@ -183,7 +184,9 @@ class Proxy:
             return timed_out_response(failure.reason)
         if hold_unreachable and self.hold.must_wait():  # nothing answered and nothing is left ready
             return await self._held(req, downstream)
-        return error_response(502, f"upstream unreachable: {failure.reason}", code="upstream_unreachable")
+        return error_response(
+            502, f"upstream unreachable: {failure.reason}", code=ErrorCode.UPSTREAM_UNREACHABLE
+        )
 
     async def _overflow(
         self, req: ProxyRequest, downstream: web.Request, overflow: Overflow
@@ -198,7 +201,9 @@ class Proxy:
             self.metrics.overflowed(answer.code)
             if answer.code == TIMEOUT:
                 return timed_out_response(f"overflow: {answer.reason}")
-            return error_response(502, f"overflow unreachable: {answer.reason}", code="upstream_unreachable")
+            return error_response(
+                502, f"overflow unreachable: {answer.reason}", code=ErrorCode.UPSTREAM_UNREACHABLE
+            )
         self.metrics.overflowed(str(answer.status))
         return answer
 
@@ -321,7 +326,7 @@ class Proxy:
     def _maybe_shadow(self, req: ProxyRequest, primary: str) -> Comparison | None:
         """Mirror ``req`` to the canary (bounded); a reproducible one is compared with the primary's answer."""
         config = self.state.config
-        canary = config.canary_revision
+        canary = config.canary
         fraction = config.shadow_fraction
         if canary is None or canary == primary or fraction <= 0.0 or random.random() >= fraction:
             return None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from folio.operator.router.config import ConfigError, RouterConfig
+from folio.operator.serving.router import ConfigError, RouterConfig
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 from folio.operator.router.auth import ApiKeys
 from folio.operator.router.balancer import Balancer, Replica
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.split import WeightedSplit
+from folio.operator.serving.router import RouterConfig
 
 log = logging.getLogger(__name__)
 

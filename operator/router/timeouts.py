@@ -20,19 +20,20 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from folio.operator.router.config import RouterConfig
+from folio.engine.server.openai_errors import ErrorCode
+from folio.operator.metric_names import TIMEOUT
 from folio.operator.router.errors import error_body, error_response
-from folio.operator.router.metric_names import TIMEOUT
+from folio.operator.serving.router import RouterConfig
 
 GATEWAY_TIMEOUT = 504
-ERROR_CODE = "upstream_timeout"  # the OpenAI-shaped error's code
+ERROR_CODE = ErrorCode.UPSTREAM_TIMEOUT  # the OpenAI-shaped error's code
 
 __all__ = ["TIMEOUT", "Stalled", "attempt_timeout", "next_chunk", "stall_event", "timed_out_response"]
 
 
 def attempt_timeout(config: RouterConfig, revision: str, read_timeout: float) -> float:
     """Seconds ``revision``'s attempt may wait for its first byte, and then between chunks."""
-    if revision == config.canary_revision and revision != config.stable_revision:
+    if revision == config.canary and revision != config.stable:
         return min(config.request_timeout_seconds, read_timeout)
     return read_timeout
 

@@ -93,30 +93,44 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Flag]:
 def engine_flags(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] | None = None) -> list[str]:
     """The `folio serve` flags for `args`, in a stable order; raises `PlanningError` on bad input."""
     table = engine_flags_table() if table is None else table
-    problems: list[str] = []
+    problems = arg_problems(args, table)
+    if problems:
+        raise PlanningError(
+            "InvalidEngineArgs",
+            f"spec.engine.args: {'; '.join(m for _, m in problems)} (known args: {known_args(table)})",
+        )
     flags: list[str] = []
     for key in sorted(args):
-        value, flag = args[key], table.get(key)
-        if key in OPERATOR_FLAGS:
-            problems.append(f"{key!r} is set by the operator from spec.model and cannot be overridden")
-        elif flag is None:
-            problems.append(f"unknown engine arg {key!r}")
-        elif not _fits(flag.kind, value):
-            problems.append(f"engine arg {key!r} must be {_TYPE_NAMES[flag.kind]}, got {value!r}")
-        elif flag.choices is not None and value not in flag.choices:
-            problems.append(f"engine arg {key!r} must be one of {_listing(flag.choices)}, got {value!r}")
-        elif flag.kind == "bool":
+        value, flag = args[key], table[key]
+        if flag.kind == "bool":
             flags.append(f"--{kebab(key)}" if value else f"--no-{kebab(key)}")
         elif flag.kind == "switch":
             flags.extend([f"--{kebab(key)}"] if value else [])
         else:
             flags.extend([f"--{kebab(key)}", str(value)])
-    if problems:
-        raise PlanningError(
-            "InvalidEngineArgs", f"spec.engine.args: {'; '.join(problems)} (known args: {_listing(sorted(table))})"
-        )
     _check_values(flags)
     return flags
+
+
+def arg_problems(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] | None = None) -> list[tuple[str, str]]:
+    """(key, what is wrong with it) for each engine arg `engine_flags` refuses by name, type or choice."""
+    table = engine_flags_table() if table is None else table
+    problems: list[tuple[str, str]] = []
+    for key in sorted(args):
+        value, flag = args[key], table.get(key)
+        if key in OPERATOR_FLAGS:
+            problems.append((key, f"{key!r} is set by the operator from spec.model and cannot be overridden"))
+        elif flag is None:
+            problems.append((key, f"unknown engine arg {key!r}"))
+        elif not _fits(flag.kind, value):
+            problems.append((key, f"engine arg {key!r} must be {_TYPE_NAMES[flag.kind]}, got {value!r}"))
+        elif flag.choices is not None and value not in flag.choices:
+            problems.append((key, f"engine arg {key!r} must be one of {_listing(flag.choices)}, got {value!r}"))
+    return problems
+
+
+def known_args(table: Mapping[str, Flag] | None = None) -> str:
+    return _listing(sorted(engine_flags_table() if table is None else table))
 
 
 def _check_values(flags: list[str]) -> None:

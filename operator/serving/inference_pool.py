@@ -16,18 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from folio.operator.k8s.names import ENGINE_PORT, component_labels, selector
+from folio.operator.k8s.names import (
+    ENGINE_PORT,
+    INFERENCE_POOL,
+    PLURALS,
+    component_labels,
+    endpoint_picker_name,
+    selector,
+)
 
 Obj = dict[str, Any]
 
-API_VERSION = "inference.networking.k8s.io/v1"
-KIND = "InferencePool"
-PLURAL = "inferencepools"
+API_VERSION, KIND = INFERENCE_POOL  # declared in k8s.names, with its plural
+PLURAL = PLURALS[INFERENCE_POOL]
 DEFAULT_PICKER_PORT = 9002  # the endpoint picker's ext-proc port in the upstream charts
-
-
-def endpoint_picker_name(isvc: str) -> str:
-    return f"{isvc}-epp"
 
 
 def wanted(spec_value: bool | None, operator_default: bool) -> bool:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from folio.operator.k8s.names import component_labels, engine_name
+from folio.operator.k8s.names import SCALED_OBJECT, component_labels, engine_name
 from folio.operator.serving.errors import PlanningError
 from folio.operator.spec import AutoscalingSpec, InferenceServiceSpec, RevisionRole
 
-API_VERSION = "keda.sh/v1alpha1"
-KIND = "ScaledObject"
+API_VERSION, KIND = SCALED_OBJECT
 POLLING_S = 15
 MAX_STABILIZATION_S = 3600  # the HPA's limit
 

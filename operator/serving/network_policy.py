@@ -52,8 +52,6 @@ def engine_network_policy(
     }
 
 
-def policy_name(isvc: str) -> str:
-    return f"{isvc}-engine"
 
 
 def policy_labels(isvc: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from folio.operator.k8s.names import (
     component_labels,
     disruption_budget_name,
     engine_name,
+    network_policy_name,
     router_account_name,
     router_name,
     selector,
@@ -35,7 +36,7 @@ from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving import keda, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
 from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
-from folio.operator.serving.network_policy import engine_network_policy, policy_labels, policy_name
+from folio.operator.serving.network_policy import engine_network_policy, policy_labels
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.serving.security import harden
 from folio.operator.spec import (
@@ -129,7 +130,7 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
     policy = engine_network_policy(
         owner.name, owner.namespace, spec, operator_namespace=settings.operator_namespace,
         operator_labels=dict(settings.operator_labels),
-        meta=_meta(owner, policy_name(owner.name), policy_labels(owner.name)),
+        meta=_meta(owner, network_policy_name(owner.name), policy_labels(owner.name)),
     )
     if policy is not None:
         out.append(policy)

@@ -29,10 +29,8 @@ from pathlib import Path
 from folio.operator import prepull
 from folio.operator.autoscaling.share import revision_replicas
 from folio.operator.k8s.names import ENGINE_PORT
-from folio.operator.router.config import RouterConfig
-from folio.operator.serving import engine, keda, parallel
-from folio.operator.serving.errors import PlanningError
-from folio.operator.serving.router import router_config
+from folio.operator.serving import engine
+from folio.operator.serving.router import RoutedSpec, RouterConfig, router_config
 from folio.operator.spec import (
     EngineArgValue,
     InferenceServiceSpec,
@@ -99,11 +97,9 @@ class ServingPlan:
 
     @functools.cached_property
     def router(self) -> RouterConfig:
-        """The router's config (worked out on first use: a cluster's routers derive it themselves).
-
-        Raises `folio.operator.router.config.ConfigError` when the spec's overflow URL is unusable.
-        """
-        return router_config(self.spec, self.status, self.endpoints)
+        """The router's config (worked out on first use: a cluster's routers derive it themselves, from the
+        same `router_config`, the InferenceService they watch and its EndpointSlices)."""
+        return router_config(RoutedSpec.of(self.spec), self.status, self.endpoints)
 
 
 def plan(
@@ -135,15 +131,3 @@ def plan(
     )
     return ServingPlan(isvc, revisions, spec, status, dict(endpoints or {}))
 
-
-def validate(spec: InferenceServiceSpec) -> None:
-    """Raise `PlanningError` when the spec's own revision could not be planned."""
-    engine.engine_flags(spec.engine.args)
-    keda.check(spec)
-    parallel.check(spec.engine)
-    try:
-        prepull.model_dir_name(spec.model)
-        if spec.model.scheme == "pvc":
-            prepull.pvc_claim_and_path(spec.model.source)
-    except prepull.WeightsError as exc:
-        raise PlanningError("InvalidModelSource", f"spec.model.source: {exc}") from exc

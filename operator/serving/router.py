@@ -1,20 +1,206 @@
-"""The router config of an InferenceService: decided here, for the cluster's routers and `folio up`'s.
+"""The router config of an InferenceService: the planner's contract with every router.
 
-A router follows typed status: ``traffic`` (the weights the rollout decided), the stable revision
-(where failed attempts are retried) and the canary (where shadow copies go), plus the ready
-endpoints of each revision it may send to and the spec's shadow and overflow settings. The
-in-cluster router builds it from its InferenceService and the revisions' EndpointSlices;
-`folio up` from its status and its engine processes, and writes it to the file its router follows.
+A router follows typed status, ``traffic`` (the weights the rollout decided), the stable revision (where
+failed attempts are retried) and the canary (where shadow copies go), plus the ready endpoints of each
+revision it may send to and the routing parts of the spec (`RoutedSpec`). Roles come from status only:
+a router never guesses which revision is stable from the weights.
+
+The planner builds a `RouterConfig` from typed objects (`router_config`); it is handed over typed in
+process. Only the boundaries parse: the file `folio up`'s router follows (`RouterConfig.parse`, the JSON
+documented in the design: camelCase keys, unknown keys ignored so a newer writer never takes an older
+router down) and the in-cluster router's watch of its InferenceService (`RoutedSpec.from_wire`, which
+reads the routing parts alone: an engine arg the operator refuses does not touch routing).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from folio.operator.rollout import parity_gate
-from folio.operator.router.config import RouterConfig
-from folio.operator.spec import AutoscalingSpec, InferenceServiceSpec, InferenceServiceStatus
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from folio.operator.parity import holds_shadow
+from folio.operator.spec import (
+    AutoscalingSpec,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    LoadBalancingSpec,
+    OutlierDetectionSpec,
+    OverflowSpec,
+    PositiveDuration,
+    RouterSpec,
+    ShadowSpec,
+    TrafficTarget,
+    describe_errors,
+    parse_duration,
+)
+
+# Not a revision: the label under which overflow attempts are counted in the metrics.
+OVERFLOW = "overflow"
+DEFAULT_REQUEST_TIMEOUT = "60s"  # the spec's analysis.requestTimeout default
+
+
+class ConfigError(ValueError):
+    """A router config that cannot be used; the message says which field and why."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+def _base_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+    return url.rstrip("/")
+
+
+class Overflow(_Wire):
+    url: str
+    api_key: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        # Requests keep their /v1/... path, so a base given as ".../v1" loses that suffix here.
+        url = _base_url(url)
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Holding(_Wire):
+    """Requests for a revision with no ready replica wait (`folio.operator.router.hold`) instead of failing."""
+
+    max_held_requests: int = Field(default=256, ge=0)
+    hold_timeout: float = Field(default=300.0, gt=0.0, description="seconds")
+    # Held requests go out at most this many at a time per ready replica: the rate it takes them.
+    release_per_replica: int = Field(default=4, ge=1)
+
+    @classmethod
+    def of(cls, auto: AutoscalingSpec) -> Holding:
+        """Held requests are released as many at a time per ready replica as the autoscaler aims to give it
+        (InFlight's target)."""
+        per_replica = max(1, int(auto.target)) if auto.metric == "InFlight" else 4
+        return cls(max_held_requests=auto.max_held_requests, hold_timeout=auto.hold_timeout_seconds,
+                   release_per_replica=per_replica)
+
+
+# Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
+# bad overflow URL never leaves a router with nothing to serve.
+OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing", "holding")
+
+
+class RouterConfig(_Wire):
+    traffic: list[TrafficTarget] = Field(default_factory=list)
+    endpoints: dict[str, list[str]] = Field(default_factory=dict)
+    stable: str | None = None  # where a failed attempt is retried; none: no retry
+    canary: str | None = None  # where shadow copies go; none: no shadow
+    overflow: Overflow | None = None
+    shadow: ShadowSpec | None = None
+    holding: Holding | None = None
+    outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
+    # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
+    request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT
+    load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    api_keys: list[str] | None = None
+    # what parse() dropped, one readable line per part: the router logs these and reports them on /health
+    problems: tuple[str, ...] = ()
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, endpoints: dict[str, list[str]]) -> dict[str, list[str]]:
+        return {rev: list(dict.fromkeys(_base_url(u) for u in urls)) for rev, urls in endpoints.items()}
+
+    @model_validator(mode="after")
+    def _unique(self) -> RouterConfig:
+        names = [t.revision for t in self.traffic]
+        if len(names) != len(set(names)) or not all(names):
+            raise ValueError(f"traffic must name each revision once: {names}")
+        return self
+
+    @property
+    def request_timeout_seconds(self) -> float:
+        return parse_duration(self.request_timeout)
+
+    @property
+    def shadow_fraction(self) -> float:
+        return self.shadow.percent / 100.0 if self.shadow else 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire form as a JSON-ready dict: what `folio up` writes to the file its router follows."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"problems"})
+
+    def fingerprint(self) -> str:
+        """A digest of the wire form. The router reports the one in force on `/ready`, so that whoever writes
+        its config (`folio up`) can tell when the router follows it."""
+        wire = json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(wire.encode()).hexdigest()[:16]
+
+    @classmethod
+    def parse(cls, data: str | bytes | dict[str, Any]) -> RouterConfig:
+        """The file boundary: a config given as JSON text or a dict; raises `ConfigError` with a readable
+        message. An invalid optional part is dropped and named in ``problems``."""
+        try:
+            raw = json.loads(data) if isinstance(data, str | bytes) else data
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"router config is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"router config must be a JSON object, got {type(raw).__name__}")
+        raw = {k: v for k, v in raw.items() if k != "problems"}
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            errors = exc.errors()
+        bad = {str(err["loc"][0]) for err in errors if err["loc"]}
+        if not errors or not bad <= set(OPTIONAL_PARTS) or any(not err["loc"] for err in errors):
+            raise ConfigError(f"invalid router config: {describe_errors(errors)}")
+        try:
+            config = cls.model_validate({k: v for k, v in raw.items() if k not in bad})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid router config: {describe_errors(exc)}") from exc
+        dropped = tuple(
+            f"{part} ignored: {describe_errors([e for e in errors if e['loc'][0] == part])}" for part in sorted(bad)
+        )
+        return config.model_copy(update={"problems": dropped})
+
+
+class RoutedSpec(_Wire):
+    """The parts of an InferenceService's spec that its routers follow."""
+
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    shadow: ShadowSpec | None = None
+    overflow: OverflowSpec | None = None
+    autoscaling: AutoscalingSpec | None = None
+    request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT  # spec.rollout.analysis.requestTimeout
+    parity_gate: bool = False  # spec.rollout.parity is set: a canary gets no shadow copy before it passes
+
+    @classmethod
+    def of(cls, spec: InferenceServiceSpec) -> RoutedSpec:
+        return cls(router=spec.router, shadow=spec.shadow, overflow=spec.overflow, autoscaling=spec.autoscaling,
+                   request_timeout=spec.rollout.analysis.request_timeout, parity_gate=spec.rollout.parity is not None)
+
+    @classmethod
+    def from_wire(cls, spec: Mapping[str, Any]) -> tuple[RoutedSpec, list[str]]:
+        """The watch boundary: each routing part of a spec as written, parsed on its own; one that does not
+        parse is left at its default and named in the returned problems (the operator reports it in status)."""
+        rollout = spec.get("rollout") if isinstance(spec.get("rollout"), dict) else {}
+        analysis = rollout.get("analysis") if isinstance(rollout.get("analysis"), dict) else {}
+        parts = {  # wire key: (value, where it sits in the spec)
+            **{key: (spec.get(key), "spec") for key in ("router", "shadow", "overflow", "autoscaling")},
+            "requestTimeout": (analysis.get("requestTimeout"), "spec.rollout.analysis"),
+        }
+        kept: dict[str, Any] = {"parityGate": rollout.get("parity") is not None}
+        problems = []
+        for key, (value, where) in parts.items():
+            if value is None:
+                continue
+            try:
+                cls.model_validate({key: value})
+                kept[key] = value
+            except ValidationError as exc:
+                problems.append(describe_errors(exc, where))
+        return cls.model_validate(kept), problems
 
 
 def routable(status: InferenceServiceStatus) -> list[str]:
@@ -24,39 +210,29 @@ def routable(status: InferenceServiceStatus) -> list[str]:
 
 
 def router_config(
-    spec: InferenceServiceSpec | None,
+    spec: RoutedSpec | None,
     status: InferenceServiceStatus,
     endpoints: Mapping[str, Sequence[str]],
     *,
     overflow_api_key: str | None = None,
 ) -> RouterConfig:
     """What a router should do now; ``endpoints`` maps a revision to its ready replicas' base URLs.
-
-    ``spec`` None (it could not be read) leaves shadow and overflow out. Raises
-    `folio.operator.router.config.ConfigError` when the result is not a usable config.
-    """
-    data: dict[str, Any] = {
-        "traffic": [t.to_wire() for t in status.traffic],
-        "endpoints": {rev: list(endpoints.get(rev, ())) for rev in routable(status)},
-        "stable": status.stable_revision,
-        "canary": status.canary_revision,
-    }
-    if spec is not None and spec.shadow is not None and not parity_gate.holds_shadow(spec, status):
-        data["shadow"] = spec.shadow.to_wire()  # (a canary waiting for its parity gate gets no user request)
+    ``spec`` None (it could not be read) leaves shadow, overflow and holding out and the rest at defaults."""
+    routing: dict[str, Any] = {}
     if spec is not None:
-        data["outlierDetection"] = spec.router.outlier_detection.to_wire()
-        data["requestTimeout"] = spec.rollout.analysis.request_timeout
-        data["loadBalancing"] = spec.router.load_balancing.to_wire()
-    if spec is not None and spec.autoscaling is not None:
-        data["holding"] = holding(spec.autoscaling)
-    if spec is not None and spec.overflow is not None:
-        data["overflow"] = {"url": spec.overflow.url, "apiKey": overflow_api_key}
-    return RouterConfig.parse(data)
-
-
-def holding(auto: AutoscalingSpec) -> dict[str, Any]:
-    """How the router holds requests while a revision scales up from zero. Held requests are released
-    as many at a time per ready replica as the autoscaler aims to give it (InFlight's target)."""
-    per_replica = max(1, int(auto.target)) if auto.metric == "InFlight" else 4
-    return {"maxHeldRequests": auto.max_held_requests, "holdTimeout": auto.hold_timeout_seconds,
-            "releasePerReplica": per_replica}
+        shadow = spec.shadow if spec.shadow is not None and not (spec.parity_gate and holds_shadow(status)) else None
+        routing = {
+            "shadow": shadow,  # (a canary waiting for its parity gate gets no user request)
+            "outlier_detection": spec.router.outlier_detection,
+            "request_timeout": spec.request_timeout,
+            "load_balancing": spec.router.load_balancing,
+            "holding": Holding.of(spec.autoscaling) if spec.autoscaling is not None else None,
+            "overflow": Overflow(url=spec.overflow.url, api_key=overflow_api_key) if spec.overflow else None,
+        }
+    return RouterConfig(
+        traffic=list(status.traffic),
+        endpoints={rev: list(endpoints.get(rev, ())) for rev in routable(status)},
+        stable=status.stable_revision,
+        canary=status.canary_revision,
+        **routing,
+    )

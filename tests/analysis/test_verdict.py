@@ -35,8 +35,8 @@ def test_timeouts_have_their_own_limit_and_are_not_errors() -> None:
     assert over.verdict == "Fail" and over.error_rate == 0.0
     assert over.reasons == ["timeout rate 6.00% (6/100) exceeds maxTimeoutRate 5.00% (requestTimeout 60s)"]
 def test_shadow_match_rate_below_the_minimum_fails_a_sample() -> None:
+    from folio.operator import metric_names as m
     from folio.operator.analysis.windows import delta, figures_from_windows, parse_router_metrics
-    from folio.operator.router import metric_names as m
 
     spec = SPEC.model_copy(update={"min_shadow_match_rate": 0.95})
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from folio.operator import metric_names as m
 from folio.operator.analysis.windows import histogram_quantile, parse_router_metrics
-from folio.operator.router import metric_names as m
 from tests.analysis.helpers import Router
 
 

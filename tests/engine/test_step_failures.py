@@ -40,7 +40,7 @@ def _drain(engine: LLMEngine) -> dict[str, RequestOutput]:
         dict(temperature=0.0, repetition_penalty=5e-324, presence_penalty=-2.0, frequency_penalty=2.0),
         dict(temperature=1.0, seed=-(2**63)),
         dict(temperature=1.0, seed=2**64 - 1, n=2),  # the second choice's seed wraps
-        dict(temperature=1.0, logprobs=INT64_MAX),  # more top logprobs than the vocabulary holds
+        dict(temperature=1.0, logprobs=20),  # the most top logprobs a request may ask for (rules.MAX_LOGPROBS)
         dict(temperature=0.0, stop_token_ids=[INT64_MAX]),
     ],
 )
@@ -61,7 +61,15 @@ def test_extreme_temperature_is_a_valid_distribution(llm: LLM) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("top_k", 2**63), ("top_k", -2), ("seed", 2**64), ("seed", -(2**63) - 1), ("stop_token_ids", [2**63])],
+    [
+        ("top_k", 2**63),
+        ("top_k", -2),
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("stop_token_ids", [2**63]),
+        ("logprobs", 21),
+        ("logprobs", INT64_MAX),
+    ],
 )
 def test_sampling_params_refuse_what_the_sampler_cannot_represent(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from folio.engine.digest import compute_digest
+from folio.operator import metric_names as m
 from folio.operator.local.supervisor import free_port
-from folio.operator.router import metric_names as m
 from folio.operator.testing.up import UpProcess, write_manifest
 from tests.support.wait import wait_for
 

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from folio.operator.local.control import build_app
+from folio.operator.serving.validate import THIS_MACHINE, validate
 from folio.operator.spec import InferenceService
 
 DIGEST = "sha256:" + "ab" * 32
@@ -23,7 +24,7 @@ def manifest(name: str = "chat", **spec: Any) -> dict[str, Any]:
 
 
 class FakeRuntime:
-    """What the control endpoint needs from the runtime; `LocalRuntime.apply`'s checks run for real."""
+    """What the control endpoint needs from the runtime; its apply validates as `LocalRuntime.apply` does."""
 
     name = "chat"
 
@@ -32,11 +33,11 @@ class FakeRuntime:
         self.overrides: list[str] = []
 
     def apply(self, m: InferenceService) -> dict[str, Any]:
-        from folio.operator.local.runtime import check_manifest
-
         if m.name != self.name:
             raise ValueError(f"this `folio up` runs InferenceService {self.name!r}")
-        check_manifest(m)
+        problems = validate(m.name, m.spec, THIS_MACHINE)
+        if problems:
+            raise ValueError("\n".join(map(str, problems)))
         self.applied.append(m)
         return {"revision": "r", "generation": 2, "changed": True}
 
@@ -85,6 +86,25 @@ def test_bad_applies_are_400(api: tuple[TestClient, FakeRuntime], body: dict[str
     client, rt = api
     resp = client.post("/v1/apply", json=body)
     assert resp.status_code == 400 and message in resp.json()["error"]["message"]
+    assert rt.applied == []
+
+
+def test_a_refused_apply_lists_each_problem_with_its_field(api: tuple[TestClient, FakeRuntime]) -> None:
+    client, rt = api
+    body = {"manifest": manifest(replicas=17, overflow={"url": "ftp://x"}, engine={"args": {"maxNumSeqs": 0}})}
+    error = client.post("/v1/apply", json=body).json()["error"]
+    assert [(p["path"], p["reason"]) for p in error["problems"]] == [
+        ("spec.overflow.url", "InvalidSpec"),
+    ]  # the schema's problem first: the rest is checked once the spec parses
+    body["manifest"]["spec"]["overflow"] = {"url": "http://overflow.example/v1"}
+    error = client.post("/v1/apply", json=body).json()["error"]
+    assert [(p["path"], p["reason"]) for p in error["problems"]] == [
+        ("spec.engine.args.maxNumSeqs", "InvalidEngineArgs"), ("spec.replicas", "UnsupportedHere"),
+    ]
+    assert error["message"].splitlines() == [
+        "spec.engine.args.maxNumSeqs: max_num_seqs must be >= 1, got 0",
+        "spec.replicas 17 is more than `folio up` runs (at most 16 engine processes per revision)",
+    ]
     assert rt.applied == []
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from folio.operator.local.manifest import load_manifest
-from folio.operator.local.runtime import check_manifest
+from folio.operator.serving.validate import CLUSTER, THIS_MACHINE, validate
 from folio.operator.spec import revision_name
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
@@ -16,8 +16,8 @@ EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_is_a_valid_inferenceservice(path: Path) -> None:
     manifest = load_manifest(path)
-    if manifest.spec.model.scheme == "file":
-        check_manifest(manifest)  # what `folio up` checks on top of the schema
+    site = THIS_MACHINE if manifest.spec.model.scheme == "file" else CLUSTER  # where the example is meant to run
+    assert validate(manifest.name, manifest.spec, site) == []
 
 
 def test_faulty_example_is_a_new_revision_of_the_local_one() -> None:

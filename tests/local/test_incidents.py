@@ -18,9 +18,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from folio.operator import metric_names as m
 from folio.operator.analysis.windows import Figures, figures_from_windows, parse_router_metrics
 from folio.operator.local.supervisor import free_port
-from folio.operator.router import metric_names as m
 from folio.operator.testing.load import LoadGenerator
 from tests.local.test_e2e import FAST_ROLLOUT, NAME, Service, phase, revision_of, router_ready
 from tests.support.tools import find_tool

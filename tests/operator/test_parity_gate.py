@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from folio.operator.rollout import parity_gate
+from folio.operator.parity import gate as parity_gate
 from tests.operator.harness import (
     NAMESPACE,
     ApiServer,

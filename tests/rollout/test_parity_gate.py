@@ -3,8 +3,8 @@ one that could not run keeps the canary waiting with Degraded=True, and is tried
 
 from __future__ import annotations
 
-from folio.operator.rollout import parity_gate
-from folio.operator.serving.router import router_config
+from folio.operator.parity import gate as parity_gate
+from folio.operator.serving.router import RoutedSpec, router_config
 from folio.operator.spec import ParityPromptDiff, ParityReport, now_iso
 from tests.rollout.helpers import READY, Sim, deployed, make_spec
 
@@ -115,7 +115,7 @@ def test_without_the_gate_step_one_starts_at_once() -> None:
 
 def test_no_shadow_copies_before_the_gate_passes() -> None:
     sim, stable, canary = gated()
-    spec = type(sim.spec).model_validate({**sim.spec.to_wire(), "shadow": {"percent": 50.0}})
+    spec = RoutedSpec.of(type(sim.spec).model_validate({**sim.spec.to_wire(), "shadow": {"percent": 50.0}}))
     assert router_config(spec, sim.status, {stable: ["http://a"], canary: ["http://b"]}).shadow is None
     sim.tick(1, parity=report(sim, canary, stable, "Pass"))
     cfg = router_config(spec, sim.status, {stable: ["http://a"], canary: ["http://b"]})

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from folio.operator.router.app import RouterApp
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.server import running_router
 from folio.operator.router.sources import ConfigSource, InProcessSource
+from folio.operator.serving.router import RouterConfig
 
 
 class RouterUnderTest:

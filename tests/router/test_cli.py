@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 from tests.router.upstreams import FakeUpstream, free_port, serving, until_ready
 
 
@@ -24,7 +25,7 @@ async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path)
         )
         proc = subprocess.Popen(
             [folio_bin, "router", "--name", "chat", "--port", str(port), "--config", str(config),
-             "--api-keys-file", str(keys), "--log-level", "warning"],
+             "--api-keys-file", str(keys), "--log-level", "warning", "--max-request-body-bytes", "4096"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
@@ -36,6 +37,10 @@ async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path)
                     "/v1/completions", json=body, headers={"Authorization": "Bearer secret"}
                 )
                 assert resp.status_code == 200 and resp.json()["served_by"] == "r1"
+                big = {"model": "m", "prompt": "x" * 5000}
+                resp = await client.post("/v1/completions", json=big, headers={"Authorization": "Bearer secret"})
+                assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large"
+                assert "4096 bytes" in resp.json()["error"]["message"]
                 metrics = (await client.get("/metrics")).text
                 assert f'{m.REQUESTS}{{code="200",isvc="chat",revision="r1"}} 1.0' in metrics
         finally:
@@ -54,3 +59,39 @@ def test_bad_arguments_are_refused(folio_bin: str, tmp_path: Path) -> None:
     assert run.returncode == 2 and "holds no API key" in run.stderr
     run = subprocess.run([folio_bin, "router", "--name", "x"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--config" in run.stderr
+
+
+def test_router_and_engine_share_one_configurable_body_limit() -> None:
+    import argparse
+    import inspect
+
+    from folio.engine import serve_cli
+    from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
+    from folio.engine.server.serving import ServingConfig
+    from folio.operator.router import cli
+    from folio.operator.router.app import RouterApp
+
+    def parsed(add: Callable[[argparse.ArgumentParser], None], *args: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        add(parser)
+        return parser.parse_args(list(args))
+
+    engine, router = ["--model", "m"], ["--name", "x", "--config", "c.json"]
+    defaults = {
+        parsed(serve_cli.add_arguments, *engine).max_request_body_bytes,
+        parsed(cli.add_arguments, *router).max_request_body_bytes,
+        ServingConfig("m", "/m", 8).max_request_body_bytes,
+        inspect.signature(RouterApp).parameters["max_body_bytes"].default,
+    }
+    assert defaults == {DEFAULT_MAX_REQUEST_BODY_BYTES}
+    limit = ["--max-request-body-bytes", "1000"]
+    assert parsed(serve_cli.add_arguments, *engine, *limit).max_request_body_bytes == 1000
+    assert parsed(cli.add_arguments, *router, *limit).max_request_body_bytes == 1000
+
+
+def test_a_body_limit_below_one_byte_is_refused(folio_bin: str) -> None:
+    run = subprocess.run(
+        [folio_bin, "router", "--name", "x", "--config", "c.json", "--max-request-body-bytes", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "--max-request-body-bytes must be >= 1" in run.stderr

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from folio.operator.router.config import ConfigError, RouterConfig
+from folio.operator.serving.router import ConfigError, RouterConfig
 
 EXAMPLE = """{"traffic": [{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}],
   "endpoints": {"r1": ["http://127.0.0.1:9001/"], "r2": ["http://127.0.0.1:9002"]},
@@ -16,8 +16,7 @@ def test_documented_example_parses() -> None:
     cfg = RouterConfig.parse(EXAMPLE)
     assert [(t.revision, t.weight) for t in cfg.traffic] == [("r1", 90), ("r2", 10)]
     assert cfg.endpoints == {"r1": ["http://127.0.0.1:9001"], "r2": ["http://127.0.0.1:9002"]}
-    assert cfg.stable_revision == "r1"  # highest weight when not given
-    assert cfg.canary_revision == "r2"
+    assert cfg.stable is None and cfg.canary is None  # roles come from status only, never from the weights
     assert cfg.overflow is not None and cfg.overflow.url == "https://api.example.com"
     assert cfg.overflow.api_key == "sk"
     assert cfg.shadow_fraction == 0.05
@@ -40,13 +39,14 @@ def test_the_fingerprint_follows_the_content_not_the_spelling() -> None:
     assert RouterConfig.parse(moved).fingerprint() != cfg.fingerprint()
 
 
-def test_explicit_stable_and_canary() -> None:
-    cfg = RouterConfig.parse(
-        {"traffic": [{"revision": "a", "weight": 30}, {"revision": "b", "weight": 70}], "stable": "a"}
-    )
-    assert cfg.stable_revision == "a" and cfg.canary_revision == "b"
-    assert RouterConfig.parse({"canary": "c"}).canary_revision == "c"
-    assert RouterConfig().stable_revision is None and RouterConfig().canary_revision is None
+def test_roles_are_what_the_config_names() -> None:
+    traffic = [{"revision": "a", "weight": 30}, {"revision": "b", "weight": 70}]
+    cfg = RouterConfig.parse({"traffic": traffic, "stable": "a", "canary": "b"})
+    assert cfg.stable == "a" and cfg.canary == "b"
+    # no guess from the weights: b carries the most, yet without "stable" nothing is the retry target
+    assert RouterConfig.parse({"traffic": traffic}).stable is None
+    assert RouterConfig.parse({"traffic": traffic, "stable": "a"}).canary is None
+    assert RouterConfig().stable is None and RouterConfig().canary is None
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_explicit_stable_and_canary() -> None:
         ("{", "not valid JSON"),
         ("[]", "must be a JSON object"),
         ('{"traffic": [{"revision": "a", "weight": 101}]}', "traffic.0.weight"),
-        ('{"traffic": [{"revision": "a", "weight": 1}, {"revision": "a", "weight": 2}]}', "more than once"),
+        ('{"traffic": [{"revision": "a", "weight": 1}, {"revision": "a", "weight": 2}]}', "each revision once"),
         ('{"endpoints": {"a": ["127.0.0.1:9000"]}}', "must start with http://"),
         ('{"traffic": "a"}', "traffic"),
     ],

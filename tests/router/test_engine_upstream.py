@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import free_port
 from tests.support.wait import wait_for
@@ -58,7 +58,7 @@ async def test_failing_canary_engine_costs_no_client_errors(
     router: RouterFactory, engines: dict[str, str]
 ) -> None:
     async with router(
-        traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}],
+        traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}], stable="r1", canary="r2",
         endpoints={"r1": [engines["r1"]], "r2": [engines["r2"]]},
     ) as r:
         body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0}

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from folio.operator.router import metric_names as m
-from folio.operator.router.config import RouterConfig
+from folio.operator import metric_names as m
 from folio.operator.router.sources import FileSource
+from folio.operator.serving.router import RouterConfig
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
 from tests.support.wait import until

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from folio.operator.router import metric_names as m
-from folio.operator.router.config import RouterConfig
+from folio.operator import metric_names as m
 from folio.operator.router.sources import InProcessSource
+from folio.operator.serving.router import RouterConfig
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import FakeUpstream, dead_url, serving
 from tests.support.wait import until

@@ -14,10 +14,10 @@ import aiohttp
 import httpx
 import pytest
 
+from folio.operator import metric_names as m
 from folio.operator.k8s.client import AsyncKube
-from folio.operator.router import metric_names as m
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.kube import KubernetesSource, slice_urls
+from folio.operator.serving.router import RouterConfig
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import FakeUpstream, free_port, serving, until_ready
 from tests.support.wait import until
@@ -110,7 +110,7 @@ async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Clus
                     what="the first config")
         cfg = seen[-1]
         assert [(t.revision, t.weight) for t in cfg.traffic] == [("aaa", 90), ("bbb", 10)]
-        assert cfg.stable_revision == "aaa" and cfg.canary_revision == "bbb"
+        assert cfg.stable == "aaa" and cfg.canary == "bbb"
         assert cfg.endpoints["aaa"] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]  # not the unready one
         assert "other" not in str(cfg.endpoints)  # another InferenceService's replicas
         assert cfg.overflow is not None and cfg.overflow.api_key == "sk-overflow"
@@ -122,7 +122,7 @@ async def test_source_follows_status_slices_and_secret(kmock: Any, cluster: Clus
             "traffic": [{"revision": "bbb", "weight": 100}], "stableRevision": "bbb", "canaryRevision": None,
         }})  # fmt: skip
         await until(lambda: [t.revision for t in seen[-1].traffic] == ["bbb"], what="the promotion")
-        assert seen[-1].stable_revision == "bbb" and list(seen[-1].endpoints) == ["bbb"]
+        assert seen[-1].stable == "bbb" and list(seen[-1].endpoints) == ["bbb"]
 
         # a replica goes away
         await cluster.delete(f"{SLICES_PATH}/chat-bbb-x1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 from folio.operator.router.metrics import RouterMetrics
 
 

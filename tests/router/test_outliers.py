@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.outliers import MAX_EJECTION_TIME, OutlierDetection, OutlierDetector, is_failure
+from folio.operator.serving.router import RouterConfig
 
 
 class Clock:

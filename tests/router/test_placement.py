@@ -7,12 +7,12 @@ from collections import Counter
 
 import pytest
 
-from folio.operator.router import metric_names as m
+from folio.operator import metric_names as m
 from folio.operator.router.affinity import affinity_key
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.ring import HashRing, key_hash
 from folio.operator.router.state import RoutingState
+from folio.operator.serving.router import RouterConfig
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
 from tests.support.wait import until

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from folio.operator.router import metric_names as m
+from folio.engine.server.openai_errors import ErrorCode
+from folio.operator import metric_names as m
 from tests.router.conftest import RouterFactory
 from tests.router.upstreams import FakeUpstream, dead_url, serving
 from tests.support.wait import until
@@ -20,6 +21,7 @@ def _openai_error(resp: httpx.Response) -> dict[str, object]:
     body = resp.json()
     assert set(body) == {"error"}
     assert {"message", "type", "param", "code"} <= set(body["error"])
+    ErrorCode(body["error"]["code"])  # the router's codes are the engine's table's
     return body["error"]
 
 
@@ -28,7 +30,7 @@ async def test_split_follows_weights_end_to_end(router: RouterFactory) -> None:
     async with (
         serving(r1, r2),
         router(
-            traffic=[{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}],
+            traffic=[{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}], stable="r1", canary="r2",
             endpoints={"r1": [r1.url], "r2": [r2.url]},
         ) as r,
     ):
@@ -50,7 +52,7 @@ async def test_pass_through_keeps_path_query_headers_and_body(router: RouterFact
     up = FakeUpstream("r1")
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
         body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
         resp = await r.client.post("/v1/chat/completions?x=1", json=body, headers={"X-Request-Id": "abc"})
@@ -67,7 +69,7 @@ async def test_canary_refusing_connections_costs_no_errors(router: RouterFactory
     async with (
         serving(stable),
         router(
-            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}],
+            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}], stable="r1", canary="r2",
             endpoints={"r1": [stable.url], "r2": [dead_url()]},
         ) as r,
     ):
@@ -85,7 +87,7 @@ async def test_canary_answering_500_is_retried_on_stable(router: RouterFactory) 
     async with (
         serving(stable, canary),
         router(
-            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}],
+            traffic=[{"revision": "r1", "weight": 50}, {"revision": "r2", "weight": 50}], stable="r1", canary="r2",
             endpoints={"r1": [stable.url], "r2": [canary.url]},
         ) as r,
     ):
@@ -104,7 +106,7 @@ async def test_failing_stable_replica_is_ejected_and_costs_no_errors(router: Rou
     async with (
         serving(good, bad),
         router(
-            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [good.url, bad.url]},
+            traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [good.url, bad.url]},
             outlierDetection={"consecutiveErrors": 3, "baseEjectionTime": "300s"},
             loadBalancing={"strategy": strategy},
         ) as r,
@@ -122,7 +124,7 @@ async def test_stable_500_is_relayed_after_one_retry(router: RouterFactory) -> N
     a, b = FakeUpstream("a", status=500), FakeUpstream("b", status=502)
     async with (
         serving(a, b),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [a.url, b.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [a.url, b.url]}) as r,
     ):
         resp = await r.complete()
         assert resp.status_code in (500, 502)  # the last attempt's own answer, as the replica sent it
@@ -136,7 +138,7 @@ async def test_streaming_is_relayed_as_it_arrives(router: RouterFactory) -> None
     up = FakeUpstream("r1", gate=gate)
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
         body = {"model": "m", "prompt": "hi", "stream": True}
         async with r.client.stream("POST", "/v1/completions", json=body) as resp:
@@ -158,7 +160,7 @@ async def test_client_leaving_mid_stream_drops_the_upstream_request(router: Rout
     up = FakeUpstream("r1", gate=gate)
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
         async with r.client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True}) as resp:
             await resp.aiter_raw().__anext__()
@@ -176,7 +178,7 @@ async def test_overflow_when_every_replica_is_busy(router: RouterFactory) -> Non
     async with (
         serving(a, b, remote),
         router(
-            traffic=[{"revision": "r1", "weight": 100}],
+            traffic=[{"revision": "r1", "weight": 100}], stable="r1",
             endpoints={"r1": [a.url, b.url]},
             overflow={"url": remote.url + "/v1", "apiKey": "sk-remote"},
             apiKeys=["client-key"],
@@ -199,7 +201,7 @@ async def test_busy_without_overflow_relays_the_answer(router: RouterFactory) ->
     up = FakeUpstream("r1", status=429)
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
         resp = await r.complete()
         assert resp.status_code == 429
@@ -212,6 +214,7 @@ def mirrored(stable: FakeUpstream, canary: FakeUpstream) -> dict[str, Any]:
         "traffic": [{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
         "endpoints": {"r1": [stable.url], "r2": [canary.url]},
         "stable": "r1",
+        "canary": "r2",
         "shadow": {"percent": 100},
     }
 
@@ -239,7 +242,7 @@ async def test_shadow_percent_is_a_fraction(router: RouterFactory) -> None:
     async with (
         serving(stable, canary),
         router(
-            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}],
+            traffic=[{"revision": "r1", "weight": 100}, {"revision": "r2", "weight": 0}], stable="r1", canary="r2",
             endpoints={"r1": [stable.url], "r2": [canary.url]},
             shadow={"percent": 0},
         ) as r,
@@ -255,7 +258,7 @@ async def test_api_key_auth(router: RouterFactory) -> None:
     async with (
         serving(up),
         router(
-            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}, apiKeys=["k1", "k2"]
+            traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}, apiKeys=["k1", "k2"]
         ) as r,
     ):
         for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k1"}):
@@ -275,19 +278,21 @@ async def test_malformed_requests_get_openai_4xx(router: RouterFactory) -> None:
     up = FakeUpstream("r1")
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
-        bad_bodies = [b"{not json", b"[1, 2]", b"", b"\xff\xfe"]
+        # the bodies the engine refuses as invalid_json too (tests/server/test_errors.py)
+        bad_bodies = [b"{not json", b"[1, 2]", b"", b'"text"', b"null", b"\xff\xfe"]
         for content in bad_bodies:
             resp = await r.client.post("/v1/completions", content=content)
             assert resp.status_code == 400, content
             assert _openai_error(resp)["type"] == "invalid_request_error"
+            assert _openai_error(resp)["code"] == ErrorCode.INVALID_JSON
         resp = await r.client.get("/v1/completions")
         assert resp.status_code == 405 and resp.headers["allow"] == "POST"
-        _openai_error(resp)
+        assert _openai_error(resp)["code"] == ErrorCode.METHOD_NOT_ALLOWED
         resp = await r.client.post("/v1/embeddings", json={})
         assert resp.status_code == 404
-        _openai_error(resp)
+        assert _openai_error(resp)["code"] == ErrorCode.NOT_FOUND
         assert up.seen == []
 
 
@@ -303,7 +308,7 @@ async def test_no_upstream_is_503_with_retry_after(router: RouterFactory) -> Non
 
 
 async def test_unreachable_stable_is_502(router: RouterFactory) -> None:
-    async with router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [dead_url()]}) as r:
+    async with router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [dead_url()]}) as r:
         resp = await r.complete()
         assert resp.status_code == 502
         assert _openai_error(resp)["code"] == "upstream_unreachable"
@@ -318,10 +323,10 @@ async def test_weight_change_applies_to_the_next_request(router: RouterFactory) 
     r1, r2 = FakeUpstream("r1"), FakeUpstream("r2")
     async with serving(r1, r2):
         endpoints = {"r1": [r1.url], "r2": [r2.url]}
-        async with router(traffic=[{"revision": "r1", "weight": 100}], endpoints=endpoints) as r:
+        async with router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints=endpoints) as r:
             assert (await r.complete()).json()["served_by"] == "r1"
             r.set(
-                traffic=[{"revision": "r1", "weight": 0}, {"revision": "r2", "weight": 100}],
+                traffic=[{"revision": "r1", "weight": 0}, {"revision": "r2", "weight": 100}], stable="r1", canary="r2",
                 endpoints=endpoints,
             )
             assert (await r.complete()).json()["served_by"] == "r2"
@@ -333,7 +338,7 @@ async def test_upstream_breaking_mid_stream_breaks_the_client_stream(router: Rou
     up = FakeUpstream("r1", break_stream=True)
     async with (
         serving(up),
-        router(traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [up.url]}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [up.url]}) as r,
     ):
         body = {"model": "m", "prompt": "hi", "stream": True}
         received = b""
@@ -350,7 +355,7 @@ async def test_fewest_in_flight_replica_gets_the_next_request(router: RouterFact
     async with (
         serving(busy, idle),
         router(
-            traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [busy.url, idle.url]},
+            traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [busy.url, idle.url]},
             loadBalancing={"strategy": "LeastLoaded"},
         ) as r,
     ):  # fmt: skip
@@ -371,7 +376,7 @@ async def test_overflow_when_no_local_replica_exists(router: RouterFactory) -> N
     remote = FakeUpstream("remote")
     async with (
         serving(remote),
-        router(traffic=[{"revision": "r1", "weight": 100}], overflow={"url": remote.url}) as r,
+        router(traffic=[{"revision": "r1", "weight": 100}], stable="r1", overflow={"url": remote.url}) as r,
     ):
         resp = await r.complete()
         assert resp.status_code == 200 and resp.json()["served_by"] == "remote"
@@ -384,7 +389,7 @@ async def test_oversized_body_is_413(router: RouterFactory) -> None:
     async with (
         serving(up),
         router(
-            traffic=[{"revision": "r1", "weight": 100}],
+            traffic=[{"revision": "r1", "weight": 100}], stable="r1",
             endpoints={"r1": [up.url]},
             app_options={"max_body_bytes": 1000},
         ) as r,

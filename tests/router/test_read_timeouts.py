@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from folio.engine.server.read_timeouts import ReadTimeouts
 from folio.operator.router.app import RouterApp
-from folio.operator.router.config import RouterConfig
 from folio.operator.router.server import running_router
 from folio.operator.router.sources import InProcessSource
+from folio.operator.serving.router import RouterConfig
 from tests.router.upstreams import FakeUpstream, serving
 from tests.server.test_read_timeouts import check_slow_clients_are_cut
 

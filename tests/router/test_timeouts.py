@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from folio.operator.router import metric_names as m
-from folio.operator.router.config import RouterConfig
+from folio.operator import metric_names as m
 from folio.operator.router.timeouts import attempt_timeout
+from folio.operator.serving.router import RouterConfig
 from tests.router.conftest import RouterFactory, RouterUnderTest
 from tests.router.upstreams import FakeUpstream, serving
 from tests.support.wait import until
@@ -27,6 +27,7 @@ def canary_first(stable: FakeUpstream, canary: FakeUpstream, **config: Any) -> d
         "traffic": [{"revision": "r1", "weight": 0}, {"revision": "r2", "weight": 100}],
         "endpoints": {"r1": [stable.url], "r2": [canary.url]},
         "stable": "r1",
+        "canary": "r2",
         "requestTimeout": TIMEOUT,
         **config,
     }
@@ -100,7 +101,7 @@ async def test_stable_is_not_held_to_the_canary_timeout(router: RouterFactory) -
     hold = asyncio.Event()
     stable = FakeUpstream("r1", hold=hold)
     async with serving(stable), router(
-        traffic=[{"revision": "r1", "weight": 100}], endpoints={"r1": [stable.url]}, requestTimeout="0.1s"
+        traffic=[{"revision": "r1", "weight": 100}], stable="r1", endpoints={"r1": [stable.url]}, requestTimeout="0.1s"
     ) as r:
         answer = asyncio.create_task(r.complete())
         await until(lambda: stable.seen, what="the request upstream")
@@ -129,6 +130,7 @@ async def test_timeouts_eject_a_canary_replica(router: RouterFactory) -> None:
 def test_only_the_canary_is_held_to_the_request_timeout() -> None:
     config = RouterConfig.parse({
         "traffic": [{"revision": "r1", "weight": 90}, {"revision": "r2", "weight": 10}], "requestTimeout": "2s",
+        "stable": "r1", "canary": "r2",
     })  # fmt: skip
     assert attempt_timeout(config, "r2", read_timeout=600.0) == 2.0
     assert attempt_timeout(config, "r1", read_timeout=600.0) == 600.0

@@ -14,6 +14,7 @@ import httpx
 from aiohttp import web
 from multidict import CIMultiDict
 
+from folio.engine.server.openai_errors import error_body
 from folio.operator.router.server import bind
 from tests.support.wait import until
 
@@ -62,8 +63,8 @@ class FakeUpstream:
             if self.hold is not None:
                 await self.hold.wait()
             if self.status != 200:
-                err = {"error": {"message": f"{self.name} failed", "type": "x", "param": None, "code": None}}
-                return web.json_response(err, status=self.status)
+                # answered as the engine words its errors
+                return web.json_response(error_body(self.status, f"{self.name} failed"), status=self.status)
             if not json.loads(body).get("stream"):
                 return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -11,7 +11,10 @@ import httpx
 import openai
 import pytest
 
+from folio.engine.rules import BOUNDS
+from folio.engine.sampling_params import SamplingParams
 from folio.engine.server.admission import Faults
+from folio.engine.server.openai_errors import ErrorCode
 from tests.server.conftest import Running, serving_fake
 from tests.server.fake_engine import FakeEngine
 
@@ -26,14 +29,19 @@ def shared() -> Iterator[Running]:
         yield running
 
 
-def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+def assert_error(
+    response: httpx.Response, status: int, param: str | None = None, code: ErrorCode | None = None
+) -> dict[str, Any]:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["message"]
     assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    ErrorCode(error["code"])  # every answer's code is one of the table's, never a free string or None
     if param is not None:
         assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
     return error
 
 
@@ -74,13 +82,83 @@ def test_bad_parameters_are_400(shared: Running, path: str, body: dict[str, Any]
         assert_error(http.post(path, json=body), 400, param)
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"", b'"text"', b"\xff\xfe"])
-def test_malformed_bodies_are_400(shared: Running, content: bytes) -> None:
+# the same bodies the router refuses (tests/router/test_proxy.py), with the same code
+MALFORMED_BODIES = [b"{not json", b"[1, 2]", b"", b'"text"', b"null", b"\xff\xfe"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/folio/v1/parity"])
+@pytest.mark.parametrize("content", MALFORMED_BODIES)
+def test_malformed_bodies_are_400_invalid_json(shared: Running, path: str, content: bytes) -> None:
     with shared.http() as http:
-        response = http.post(
-            "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
-        )
-        assert_error(response, 400)
+        response = http.post(path, content=content, headers={"content-type": "application/json"})
+        assert_error(response, 400, code=ErrorCode.INVALID_JSON)
+
+
+def test_a_wrong_field_in_a_json_object_is_not_invalid_json(shared: Running) -> None:
+    with shared.http() as http:
+        error = assert_error(http.post("/v1/completions", json={"model": "fake"}), 400, "prompt")
+    assert error["code"] == ErrorCode.INVALID_VALUE
+
+
+# A value just outside each field's bound, as JSON carries it; SamplingParams gets the same value.
+OUT_OF_BOUNDS = [
+    ("n", 0),
+    ("temperature", 2.5),  # was accepted by SamplingParams, refused over HTTP: one bound now
+    ("temperature", -0.5),
+    ("top_p", 0.0),
+    ("top_k", -2),
+    ("min_p", 1.5),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", 10.5),  # likewise
+    ("presence_penalty", 2.5),
+    ("frequency_penalty", -3.0),
+    ("seed", 2**64),
+    ("logprobs", 21),  # SamplingParams took any k
+    ("stop", [""]),
+    ("stop", ["s"] * 17),  # SamplingParams took any number
+    ("stop_token_ids", [-1]),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), OUT_OF_BOUNDS)
+def test_a_field_has_one_bound_and_one_message(shared: Running, field: str, value: Any) -> None:
+    """The HTTP API and the offline SamplingParams refuse the same value in the same words."""
+    with pytest.raises(ValueError) as offline:
+        SamplingParams(**{field: value})
+    with shared.http() as http:
+        error = assert_error(http.post("/v1/completions", json={**COMPLETION, field: value}), 400, field)
+    assert error["message"] == str(offline.value)
+    assert error["code"] == ErrorCode.INVALID_VALUE
+
+
+@pytest.mark.parametrize(("field", "same_as"), [("max_completion_tokens", "max_tokens"), ("top_logprobs", "logprobs")])
+def test_openai_names_share_the_bound_of_the_engines_field(shared: Running, field: str, same_as: str) -> None:
+    bound = BOUNDS[same_as]
+    with shared.http() as http:
+        for value, ok in ((bound.low - 1, False), (bound.high + 1, False), (bound.low, True)):
+            body = {**CHAT, field: value, "logprobs": True, "max_tokens": None}
+            response = http.post("/v1/chat/completions", json=body)
+            if ok:
+                assert response.status_code == 200, response.text
+            else:
+                message = assert_error(response, 400, field)["message"]
+                assert message == f"{field} must be {bound.describe()}, got {value}"
+
+
+def test_the_empty_prompt_rule_is_worded_once(shared: Running) -> None:
+    from pathlib import Path
+
+    from folio.engine import rules
+
+    with pytest.raises(ValueError) as rule:
+        rules.check_not_empty([])
+    with shared.http() as http:
+        for prompt in ([], [[]], [[5], []]):  # no prompt at all; a prompt of no tokens
+            response = http.post("/v1/completions", json={**COMPLETION, "prompt": prompt})
+            assert assert_error(response, 400, "prompt")["message"] == str(rule.value)
+    engine = Path(rules.__file__).parent
+    said = [p for p in engine.rglob("*.py") if "must not be empty" in p.read_text()]
+    assert said == [Path(rules.__file__)]
 
 
 @pytest.mark.parametrize(
@@ -220,8 +298,8 @@ def test_a_dead_engine_fails_requests_and_health(fake_server) -> None:
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 405, 413, 499, 500, 502, 503])
-@pytest.mark.parametrize("code", [None, "some_code"])
-def test_the_router_answers_in_the_engines_vocabulary(status: int, code: str | None) -> None:
+@pytest.mark.parametrize("code", [None, ErrorCode.UPSTREAM_TIMEOUT])
+def test_the_router_answers_in_the_engines_vocabulary(status: int, code: ErrorCode | None) -> None:
     import json
 
     from folio.engine.server.errors import OpenAIError
@@ -230,7 +308,75 @@ def test_the_router_answers_in_the_engines_vocabulary(status: int, code: str | N
     engine = OpenAIError(status, "refused", code=code, param="p").body()
     assert json.loads(error_body(status, "refused", code, "p")) == engine
     assert engine["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    assert engine["error"]["code"] == code or {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}.get(status)
+    defaults = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 500: "internal_error"}
+    fallback = "invalid_value" if status < 500 else "internal_error"
+    assert engine["error"]["code"] == (code or defaults.get(status, fallback))
+
+
+def test_a_code_outside_the_table_is_refused() -> None:
+    from folio.engine.server.errors import OpenAIError
+    from folio.operator.router.errors import error_body
+
+    with pytest.raises(ValueError, match="some_code"):
+        error_body(400, "refused", "some_code")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="some_code"):
+        OpenAIError(400, "refused", code="some_code").body()  # type: ignore[arg-type]
+
+
+def test_the_codes_clients_rely_on_keep_their_strings() -> None:
+    relied_on = {
+        "invalid_json", "body_too_large", "invalid_api_key", "model_not_found", "context_length_exceeded",
+        "too_many_sequences", "server_overloaded", "engine_unavailable", "shutting_down", "fault_injected",
+        "internal_error", "not_found", "method_not_allowed", "no_ready_replica", "no_upstream",
+        "upstream_unreachable", "upstream_timeout",
+    }  # fmt: skip
+    assert relied_on <= {c.value for c in ErrorCode}
+
+
+@pytest.fixture(scope="module")
+def small_body() -> Iterator[Running]:
+    with serving_fake(max_request_body_bytes=4096) as running:
+        yield running
+
+
+# (method, path, body: JSON, raw bytes or None, status, code): one of every refusal a request can meet
+REFUSALS = [
+    ("POST", "/v1/completions", b"{", 400, ErrorCode.INVALID_JSON),
+    ("POST", "/v1/completions", b"[]", 400, ErrorCode.INVALID_JSON),
+    ("POST", "/v1/completions", {"model": "fake"}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "temperature": 3}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "n": 9}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "top_k": 1.5}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": [5, 100000]}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", b'{"prompt": "a\\ud800"}', 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/completions", {**COMPLETION, "suffix": "x"}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
+    ("POST", "/v1/completions", {**COMPLETION, "best_of": 2}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
+    ("POST", "/v1/completions", {**COMPLETION, "logit_bias": {"1": 1}}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 300}, 400, ErrorCode.CONTEXT_LENGTH_EXCEEDED),
+    ("POST", "/v1/completions", {**COMPLETION, "n": 8, "prompt": ["a"] * 9}, 400, ErrorCode.TOO_MANY_SEQUENCES),
+    ("POST", "/v1/completions", {**COMPLETION, "model": "gpt-9"}, 404, ErrorCode.MODEL_NOT_FOUND),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": "x" * 5000}, 413, ErrorCode.BODY_TOO_LARGE),
+    ("POST", "/v1/chat/completions", {**CHAT, "tools": [{}]}, 400, ErrorCode.UNSUPPORTED_PARAMETER),
+    ("POST", "/v1/chat/completions", {**CHAT, "top_logprobs": 1}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/v1/chat/completions", {**CHAT, "messages": [{"role": "assistant", "content": "x"}]}, 400,
+     ErrorCode.INVALID_VALUE),
+    ("POST", "/folio/v1/parity", {"prompts": [{}]}, 400, ErrorCode.INVALID_VALUE),
+    ("POST", "/folio/v1/parity", {"prompts": [{"prompt": "x"}], "maxTokens": 257}, 400, ErrorCode.INVALID_VALUE),
+    ("GET", "/v1/completions", None, 405, ErrorCode.METHOD_NOT_ALLOWED),
+    ("GET", "/v1/nope", None, 404, ErrorCode.NOT_FOUND),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "code"), REFUSALS)
+def test_every_refusal_carries_a_code_from_the_table(
+    small_body: Running, method: str, path: str, body: Any, status: int, code: ErrorCode
+) -> None:
+    kwargs: dict[str, Any] = {"content": body, "headers": {"content-type": "application/json"}}
+    if not isinstance(body, bytes):
+        kwargs = {"json": body}
+    with small_body.http() as http:
+        assert_error(http.request(method, path, **kwargs), status, code=code)
 
 
 def test_the_shared_vocabulary_pulls_in_no_web_framework() -> None:

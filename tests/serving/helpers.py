@@ -6,6 +6,7 @@ from typing import Any
 
 from folio.operator.serving.objects import Owner, PlanSettings, objects
 from folio.operator.serving.plan import Placement, plan
+from folio.operator.serving.validate import CLUSTER, Problem, validate
 from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus, RevisionStatus, revision_name
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -33,6 +34,11 @@ def make_spec(**overrides: Any) -> InferenceServiceSpec:
     }
     body.update(overrides)
     return InferenceServiceSpec.model_validate(body)
+
+
+def problems(spec: InferenceServiceSpec) -> list[Problem]:
+    """The operator's verdict on a spec of the InferenceService "chat" (empty: it can be planned)."""
+    return validate("chat", spec, CLUSTER)
 
 
 def revision(spec: InferenceServiceSpec, role: str = "Stable", weights_ready: bool = True) -> RevisionStatus:

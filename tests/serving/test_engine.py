@@ -9,9 +9,8 @@ import pytest
 
 from folio.operator.serving.engine import camel, engine_flags, engine_flags_table, flags_of, kebab
 from folio.operator.serving.errors import PlanningError
-from folio.operator.serving.plan import validate
 from folio.operator.spec import revision_name
-from tests.serving.helpers import DIGEST, make_spec, objects_by_key, revision
+from tests.serving.helpers import DIGEST, make_spec, objects_by_key, problems, revision
 
 
 def test_engine_args_become_kebab_case_flags() -> None:
@@ -36,7 +35,7 @@ def test_engine_args_become_kebab_case_flags() -> None:
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        ({"maxModelLenght": 4096}, "unknown engine arg 'maxModelLenght'"),
+        ({"maxModelLenght": 4096}, "unknown engine arg 'maxModelLenght' (known args: "),
         ({"maxModelLen": "4k"}, "'maxModelLen' must be an integer"),
         ({"maxModelLen": True}, "'maxModelLen' must be an integer"),
         ({"enablePrefixCaching": "yes"}, "must be true or false"),
@@ -46,12 +45,16 @@ def test_engine_args_become_kebab_case_flags() -> None:
     ],
 )
 def test_bad_engine_args_are_planning_errors(args: dict[str, Any], fragment: str) -> None:
-    spec = make_spec(engine={"args": args})
-    with pytest.raises(PlanningError) as info:
-        validate(spec)
-    assert info.value.reason == "InvalidEngineArgs"
-    assert fragment in info.value.message
-    assert "known args:" in info.value.message
+    (problem,) = problems(make_spec(engine={"args": args}))
+    assert (problem.path, problem.reason) == (f"spec.engine.args.{next(iter(args))}", "InvalidEngineArgs")
+    assert fragment in problem.message
+    with pytest.raises(PlanningError, match="known args: "):  # the planner refuses them too
+        engine_flags(args)
+
+
+def test_each_bad_engine_arg_is_a_problem_of_its_own() -> None:
+    found = problems(make_spec(engine={"args": {"bogus": 1, "maxModelLen": "4k", "maxNumSeqs": 8}}))
+    assert [p.path for p in found] == ["spec.engine.args.bogus", "spec.engine.args.maxModelLen"]
 
 
 @pytest.mark.parametrize(
@@ -68,19 +71,17 @@ def test_bad_engine_args_are_planning_errors(args: dict[str, Any], fragment: str
     ],
 )
 def test_engine_arg_values_folio_serve_refuses_are_planning_errors(args: dict[str, Any], fragment: str) -> None:
-    with pytest.raises(PlanningError) as info:
-        validate(make_spec(engine={"args": args}))
-    assert info.value.reason == "InvalidEngineArgs"
-    assert fragment in info.value.message
+    (problem,) = problems(make_spec(engine={"args": args}))
+    assert problem.reason == "InvalidEngineArgs"
+    assert problem.path == f"spec.engine.args.{next(iter(args))}"
+    assert fragment in str(problem)
 
 
 @pytest.mark.parametrize("source", ["pvc://just-a-claim", "pvc://claim/"])
 def test_a_source_without_a_path_is_a_planning_error(source: str) -> None:
-    spec = make_spec(model={"source": source, "digest": DIGEST})
-    with pytest.raises(PlanningError) as info:
-        validate(spec)
-    assert info.value.reason == "InvalidModelSource"
-    assert "pvc://CLAIM/PATH" in info.value.message
+    (problem,) = problems(make_spec(model={"source": source, "digest": DIGEST}))
+    assert (problem.path, problem.reason) == ("spec.model.source", "InvalidModelSource")
+    assert "pvc://CLAIM/PATH" in problem.message
 
 
 def test_every_engine_arg_renders_to_a_command_line_folio_serve_accepts() -> None:

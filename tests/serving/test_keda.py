@@ -9,9 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from folio.operator.serving.errors import PlanningError
-from folio.operator.serving.plan import validate
-from tests.serving.helpers import make_spec, objects_by_key, revision
+from tests.serving.helpers import make_spec, objects_by_key, problems, revision
 
 CRD = yaml.safe_load((Path(__file__).parent / "vendor" / "keda.sh_scaledobjects.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -92,8 +90,7 @@ def test_canary_keeps_a_replica_and_nothing_scales_before_weights() -> None:
 
 
 def test_keda_without_prometheus_is_a_planning_error() -> None:
-    spec = make_spec(autoscaling={"keda": True})
-    with pytest.raises(PlanningError, match=r"prometheus\.url") as err:
-        validate(spec)
-    assert err.value.reason == "KedaNeedsPrometheus"
-    validate(keda_spec())
+    (problem,) = problems(make_spec(autoscaling={"keda": True}))
+    assert (problem.path, problem.reason) == ("spec.autoscaling.keda", "KedaNeedsPrometheus")
+    assert "spec.rollout.analysis.prometheus.url" in problem.message
+    assert problems(keda_spec()) == []

@@ -3,14 +3,11 @@ flag on its command line; too few explicit GPUs is a planning error."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-import pytest
-
-from folio.operator.serving.errors import PlanningError
-from folio.operator.serving.plan import validate
 from folio.operator.spec import InferenceServiceSpec, revision_name
-from tests.serving.helpers import make_spec, objects_by_key, revision
+from tests.serving.helpers import make_spec, objects_by_key, problems, revision
 
 
 def _engine(**engine: Any) -> InferenceServiceSpec:
@@ -26,7 +23,7 @@ def _pod(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 def test_tensor_parallel_engine_asks_for_one_gpu_per_rank_and_shm_for_nccl() -> None:
     spec = _engine(args={"tensorParallelSize": 4, "maxModelLen": 4096})
-    validate(spec)
+    assert problems(spec) == []
     pod = _pod(spec)
     (c,) = pod["containers"]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
@@ -37,19 +34,20 @@ def test_tensor_parallel_engine_asks_for_one_gpu_per_rank_and_shm_for_nccl() -> 
 
 def test_explicit_resources_win() -> None:
     spec = _engine(args={"tensorParallelSize": 2}, resources={"limits": {"nvidia.com/gpu": 8, "memory": "64Gi"}})
-    validate(spec)
+    assert problems(spec) == []
     assert _pod(spec)["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8", "memory": "64Gi"}}
     cpu_only = _engine(args={"tensorParallelSize": 2}, resources={"limits": {"cpu": "8"}})
-    validate(cpu_only)  # CPU ranks: no GPU asked for
+    assert problems(cpu_only) == []  # CPU ranks: no GPU asked for
     assert _pod(cpu_only)["containers"][0]["resources"] == {"limits": {"cpu": "8"}}
 
 
 def test_fewer_explicit_gpus_than_ranks_is_a_planning_error() -> None:
     spec = _engine(args={"tensorParallelSize": 4}, resources={"limits": {"nvidia.com/gpu": 2}})
-    with pytest.raises(PlanningError, match=r"tensorParallelSize 4 needs 4 GPUs.*nvidia\.com/gpu: 2"):
-        validate(spec)
-    with pytest.raises(PlanningError, match="tensorParallelSize"):
-        validate(_engine(args={"tensorParallelSize": 0}))
+    (problem,) = problems(spec)
+    assert (problem.path, problem.reason) == ("spec.engine.args.tensorParallelSize", "InvalidEngineArgs")
+    assert re.search(r"tensorParallelSize 4 needs 4 GPUs.*nvidia\.com/gpu: 2", problem.message)
+    (problem,) = problems(_engine(args={"tensorParallelSize": 0}))
+    assert problem.path == "spec.engine.args.tensorParallelSize"
 
 
 def test_single_device_engines_are_unchanged() -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from folio.operator.router.config import ConfigError
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.plan import Placement, plan
 from folio.operator.spec import InferenceServiceStatus, RevisionStatus, TrafficTarget
@@ -84,7 +83,7 @@ def test_the_router_config_is_worked_out_on_use() -> None:
     """The operator never needs it (its routers derive it): a config that cannot be used fails only who asks."""
     status = InferenceServiceStatus(stable_revision="r1", traffic=[TrafficTarget(revision="r1", weight=100)])
     serving = plan("chat", make_spec(), status, Placement.cluster(), {"r1": ["10.0.0.1:8000"]})
-    with pytest.raises(ConfigError, match="must start with http"):
+    with pytest.raises(ValueError, match="must start with http"):
         _ = serving.router
     fine = plan("chat", make_spec(), status, Placement.cluster(), {"r1": ["http://10.0.0.1:8000"]})
     assert fine.router.endpoints == {"r1": ["http://10.0.0.1:8000"]}

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from folio.operator.router.config import RouterConfig
-from folio.operator.serving.router import routable, router_config
+from folio.operator.serving.router import RoutedSpec, RouterConfig, routable, router_config
 from folio.operator.spec import (
     CanaryStatus,
     InferenceServiceStatus,
@@ -24,9 +23,9 @@ def status(*weights: tuple[str, int], stable: str = "s1", canary: str | None = N
 def test_traffic_stable_canary_and_the_endpoints_of_routable_revisions() -> None:
     st = status(("s1", 90), ("c1", 10), canary="c1")
     endpoints = {"s1": ["http://10.0.0.1:8000"], "c1": ["http://10.0.0.2:8000"], "old": ["http://10.0.0.3:8000"]}
-    cfg = router_config(make_spec(shadow={"percent": 5}), st, endpoints, overflow_api_key="sk-1")
+    cfg = router_config(RoutedSpec.of(make_spec(shadow={"percent": 5})), st, endpoints, overflow_api_key="sk-1")
     assert [(t.revision, t.weight) for t in cfg.traffic] == [("s1", 90), ("c1", 10)]
-    assert (cfg.stable_revision, cfg.canary_revision) == ("s1", "c1")
+    assert (cfg.stable, cfg.canary) == ("s1", "c1")
     assert cfg.endpoints == {"c1": ["http://10.0.0.2:8000"], "s1": ["http://10.0.0.1:8000"]}, "not a retiring one"
     assert cfg.shadow_fraction == 0.05
     assert cfg.overflow is not None and (cfg.overflow.url, cfg.overflow.api_key) == ("https://overflow.example", "sk-1")
@@ -36,7 +35,7 @@ def test_a_canary_without_traffic_is_still_named() -> None:
     """Both runtimes name the canary, so shadow copies go to it before its first step (as in a cluster)."""
     st = status(("s1", 100), canary="c1")
     cfg = router_config(None, st, {"c1": ["http://127.0.0.1:9002"]})
-    assert cfg.canary_revision == "c1" and cfg.endpoints == {"c1": ["http://127.0.0.1:9002"], "s1": []}
+    assert cfg.canary == "c1" and cfg.endpoints == {"c1": ["http://127.0.0.1:9002"], "s1": []}
     assert cfg.overflow is None and cfg.shadow is None  # no spec to read them from
     assert routable(st) == ["c1", "s1"]
 
@@ -49,7 +48,7 @@ def test_the_canary_serves_only_with_a_positive_weight() -> None:
 
 
 def test_the_wire_form_is_what_the_file_source_reads() -> None:
-    cfg = router_config(make_spec(), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
+    cfg = router_config(RoutedSpec.of(make_spec()), status(("s1", 80), ("c1", 20), canary="c1"), {"s1": ["http://a:1"]})
     assert RouterConfig.parse(cfg.to_wire()) == cfg
     assert set(cfg.to_wire()) == {
         "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
@@ -61,9 +60,9 @@ def test_the_spec_load_balancing_reaches_the_router() -> None:
     spec = make_spec()
     chosen = LoadBalancingSpec(strategy="LeastLoaded", prefix_char_length=400, mean_load_factor=1.5)
     spec = spec.model_copy(update={"router": spec.router.model_copy(update={"load_balancing": chosen})})
-    cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
+    cfg = router_config(RoutedSpec.of(spec), status(("s1", 100)), {"s1": ["http://a:1"]})
     assert cfg.load_balancing == chosen
-    default = router_config(make_spec(), status(("s1", 100)), {"s1": ["http://a:1"]}).load_balancing
+    default = router_config(RoutedSpec.of(make_spec()), status(("s1", 100)), {"s1": ["http://a:1"]}).load_balancing
     assert (default.strategy, default.prefix_char_length, default.mean_load_factor) == ("PrefixHash", 100, 1.25)
 
 
@@ -71,13 +70,34 @@ def test_the_spec_outlier_detection_reaches_the_router() -> None:
     spec = make_spec()
     spec = spec.model_copy(update={"router": spec.router.model_copy(update={
         "outlier_detection": OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")})})
-    cfg = router_config(spec, status(("s1", 100)), {"s1": ["http://a:1"]})
+    cfg = router_config(RoutedSpec.of(spec), status(("s1", 100)), {"s1": ["http://a:1"]})
     assert cfg.outlier_detection == OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")
 
 
 def test_the_analysis_request_timeout_reaches_the_router() -> None:
     spec = make_spec()
-    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 60.0  # the spec's default
+    assert router_config(RoutedSpec.of(spec), status(("s1", 100)), {}).request_timeout_seconds == 60.0  # the spec's default
     analysis = spec.rollout.analysis.model_copy(update={"request_timeout": "1500ms"})
     spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"analysis": analysis})})
-    assert router_config(spec, status(("s1", 100)), {}).request_timeout_seconds == 1.5
+    assert router_config(RoutedSpec.of(spec), status(("s1", 100)), {}).request_timeout_seconds == 1.5
+
+
+def test_the_watch_reads_the_routing_parts_alone() -> None:
+    """An in-cluster router parses only what routing needs: a part it cannot read is left at its default and
+    named, and a problem elsewhere in the spec (an engine arg the operator refuses) is none of its business."""
+    wire = make_spec(shadow={"percent": 5}).to_wire()
+    wire["engine"] = {"args": {"noSuchFlag": 1}}
+    wire["router"]["loadBalancing"] = {"strategy": "Nearest"}
+    routed, problems = RoutedSpec.from_wire(wire)
+    assert routed.shadow is not None and routed.shadow.percent == 5
+    assert routed.router.load_balancing == LoadBalancingSpec() and len(problems) == 1
+    assert "spec.router.loadBalancing.strategy" in problems[0]
+    assert RoutedSpec.from_wire(make_spec().to_wire()) == (RoutedSpec.of(make_spec()), [])
+
+
+def test_a_canary_waiting_for_its_parity_gate_gets_no_shadow_copy() -> None:
+    spec = RoutedSpec.of(make_spec(shadow={"percent": 5})).model_copy(update={"parity_gate": True})
+    waiting = status(("s1", 100), canary="c1")
+    assert router_config(spec, waiting, {}).shadow is None
+    stepping = waiting.model_copy(update={"canary": CanaryStatus(step_started_at="2026-01-01T00:00:00Z")})
+    assert router_config(spec, stepping, {}).shadow is not None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape as e
 from rich.table import Table
 from rich.text import Text
 
@@ -60,10 +61,11 @@ ROLLOUT = {
 }
 BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8}
 
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)  # what it quotes (answers, messages) is printed as it is
 
 
 def say(message: str) -> None:
+    """A timestamped line; ``message`` is rich markup: what it quotes from elsewhere goes through `e` (escape)."""
     console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {message}")
 
 
@@ -73,7 +75,7 @@ def heading(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m folio.operator.local.demo", description=__doc__.split("\n")[0]
+        prog="python -m folio.operator.demo", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
     parser.add_argument(
@@ -105,16 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         manifest("v4", {"maxNumSeqs": 16}),
     )
     heading("Folio demo")
-    say(f"model: {gguf.name} pinned to {digest}")
-    say(f"manifests, state and logs in {work} (folio up's own log: {work / 'up.log'})")
-    console.print(v1.read_text(), style="cyan")
+    say(f"model: {e(gguf.name)} pinned to {digest}")
+    say(f"manifests, state and logs in {e(str(work))} (folio up's own log: {e(str(work / 'up.log'))})")
+    console.print(v1.read_text(), style="cyan", markup=False)
 
     up = UpProcess(v1, port=port, state_dir=work / ".folio", log=work / "up.log")
     results: dict[str, Any] = {}
     try:
         ok = _run(up, faulty, noisy, healthy, results)
     except (TimeoutError, RuntimeError) as exc:
-        console.print(f"[red]demo failed:[/] {exc}")
+        console.print(f"[red]demo failed:[/] {e(str(exc))}")
         ok = False
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
@@ -135,7 +137,7 @@ def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, results: dict[
     t0 = time.monotonic()
     snap = up.wait_for(lambda s: s["status"].get("phase") == "Ready", 300, "the first revision serving")
     stable = snap["status"]["stableRevision"]
-    say(f"revision {stable} verified, started and serving in {time.monotonic() - t0:.1f}s on {up.router_url}")
+    say(f"revision {e(stable)} verified, started and serving in {time.monotonic() - t0:.1f}s on {e(up.router_url)}")
     import openai
 
     client = openai.OpenAI(base_url=f"{up.router_url}/v1", api_key="folio-demo", max_retries=0)
@@ -145,7 +147,7 @@ def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, results: dict[
             model=NAME, messages=[{"role": "user", "content": q}], max_tokens=48, temperature=0
         )
         answer = (reply.choices[0].message.content or "").strip().replace("\n", " ")
-        console.print(f"  [bold]Q:[/] {q}\n  [bold]A:[/] {answer}  [dim]({time.monotonic() - start:.1f}s)[/]")
+        console.print(f"  [bold]Q:[/] {e(q)}\n  [bold]A:[/] {e(answer)}  [dim]({time.monotonic() - start:.1f}s)[/]")
 
     with LoadGenerator(up.router_url, NAME, concurrency=4, max_tokens=4) as load:
         heading("2. A faulty revision (--fault-error-rate 0.3) under steady load")
@@ -169,7 +171,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
     before = load.snapshot()
     applied = up.client.apply(yaml.safe_load(manifest.read_text()))
     rev = applied["revision"]
-    say(f"applied {manifest.name}: revision {rev} starts as a canary")
+    say(f"applied {e(manifest.name)}: revision {e(rev)} starts as a canary")
     t_apply = time.monotonic()
     seen_step = -1
     first_fail: float | None = None
@@ -184,7 +186,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         if st.get("canaryRevision") == rev and not loading_said:
             loading_said = True
             say(
-                f"engine of {rev} loading (its weights are verified first) — no traffic until it is ready"
+                f"engine of {e(rev)} loading (its weights are verified first) — no traffic until it is ready"
             )
         if (
             st.get("canaryRevision") == rev
@@ -193,7 +195,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         ):
             seen_step, max_weight = canary["step"], max(max_weight, canary["weight"])
             say(
-                f"step {seen_step + 1}/{len(ROLLOUT['steps'])}: canary {rev} takes {canary['weight']}% of traffic"
+                f"step {seen_step + 1}/{len(ROLLOUT['steps'])}: canary {e(rev)} takes {canary['weight']}% of traffic"
             )
         failed = [f for f in st.get("failedRevisions", []) if f["revision"] == rev]
         # the sample that ends a rollback is kept in failedRevisions, no longer in status.canary
@@ -201,7 +203,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         if (st.get("canaryRevision") == rev or failed) and a and a.get("at") not in samples:
             colour = {"Pass": "green", "Fail": "red"}.get(a["verdict"], "yellow")
             say(
-                f"  analysis [{colour}]{a['verdict']}[/]: {a['requests']} canary requests, "
+                f"  analysis [{colour}]{e(str(a['verdict']))}[/]: {a['requests']} canary requests, "
                 f"error rate {a['errorRate']:.1%}"
             )
             samples[a["at"]] = (a["requests"], a.get("errors", round(a["errorRate"] * a["requests"])))
@@ -209,11 +211,11 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
                 first_fail = first_fail or time.monotonic()
         if failed and st.get("traffic") == [{"revision": st["stableRevision"], "weight": 100}]:
             outcome = "rolled back"
-            say(f"[red]rolled back[/]: {failed[0]['message']}")
+            say(f"[red]rolled back[/]: {e(str(failed[0]['message']))}")
             break
         if st.get("stableRevision") == rev and st.get("traffic") == [{"revision": rev, "weight": 100}]:
             outcome = "promoted"
-            say(f"[green]promoted[/]: revision {rev} is stable with 100% of traffic")
+            say(f"[green]promoted[/]: revision {e(rev)} is stable with 100% of traffic")
             break
         time.sleep(0.25)
     done = time.monotonic()
@@ -236,7 +238,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         "client_errors": errors,
     }
     if errors:
-        say(f"[red]{errors} client request(s) failed[/]: {after.errors[-1]}")
+        say(f"[red]{errors} client request(s) failed[/]: {e(str(after.errors[-1]))}")
     else:
         say(f"{result['requests']} client requests during this rollout, [green]0 failed[/]")
     wanted = "rolled back" if expect == "rollback" else "promoted"
@@ -253,7 +255,7 @@ def _summary(results: dict[str, Any]) -> None:
     table = Table()
     table.add_column("")
     for key, r in results.items():
-        table.add_column(f"{labels[key]}\nrevision {r['revision']}")
+        table.add_column(Text(f"{labels[key]}\nrevision {r['revision']}"))
     rows: list[tuple[str, Any]] = [
         ("outcome", lambda r: Text(r["outcome"], style="green" if r["ok"] else "red")),
         ("steps reached", lambda r: f"{r['steps']}/{len(ROLLOUT['steps'])} (up to {r['max_weight']}% of traffic)"),
@@ -266,7 +268,7 @@ def _summary(results: dict[str, Any]) -> None:
         ("apply → outcome", lambda r: f"{r['duration_s']:.0f}s"),
     ]  # fmt: skip
     for label, cell in rows:
-        table.add_row(label, *(cell(r) for r in results.values()))
+        table.add_row(Text(label), *(c if isinstance(c := cell(r), Text) else Text(c) for r in results.values()))
     console.print(table)
 
 

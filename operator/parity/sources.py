@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from folio.operator.analysis.parity_suite import SuiteError, SuitePrompt, default_suite, parse_suite
+from folio.operator.parity.suite import SuiteError, SuitePrompt, default_suite, parse_suite
 from folio.operator.spec import ParitySpec
 
 MAX_SUITE_BYTES = 64 << 20

@@ -1,8 +1,9 @@
 """The names and labels of the router's metrics: what `RouterMetrics` exports and the analysis reads.
 
-`folio.operator.router.metrics` registers them, `folio.operator.analysis` parses them (from router
-scrapes or PromQL) and the tests generate and read them with these same constants, so a rename
-cannot leave the canary analysis reading nothing.
+`folio.operator.router.metrics` registers them, `folio.operator.analysis` and the autoscaler
+(`folio.operator.autoscaling.load`) parse them (from router scrapes or PromQL) and the tests generate
+and read them with these same constants, so a rename cannot leave the canary analysis reading nothing.
+A contract between processes, like the spec: it sits below every package that reads or writes it.
 """
 
 from __future__ import annotations

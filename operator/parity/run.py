@@ -22,8 +22,9 @@ from datetime import datetime, timezone
 import httpx
 import numpy as np
 
-from folio.operator.analysis.parity import ParityAnswer, compare
-from folio.operator.analysis.parity_suite import SuiteError, SuitePrompt
+from folio.operator.parity.compare import ParityAnswer, compare
+from folio.operator.parity.gate import due
+from folio.operator.parity.suite import SuiteError, SuitePrompt
 from folio.operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
@@ -199,9 +200,7 @@ def poll_gate(
     """What the operator's passes and `folio up`'s ticks call: runs the gate that is due (in the
     background) and returns its report once it is done. ``urls`` gives a revision's replica base URLs;
     ``client`` None: the gate opens (and closes) a client of its own."""
-    from folio.operator.rollout import parity_gate
-
-    key = parity_gate.due(spec, status, now)
+    key = due(spec, status, now)
     gate = spec.rollout.parity
 
     async def start() -> ParityReport:

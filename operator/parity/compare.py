@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from folio.operator.analysis.parity_suite import SuitePrompt
+from folio.operator.parity.suite import SuitePrompt
 from folio.operator.spec import ParityPromptDiff, ParityReport, ParitySpec
 
 WORST = 5  # prompts listed in the report and the Warning Event

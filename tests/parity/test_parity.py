@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from folio.engine.tokenizer.loading import load_tokenizer
-from folio.operator.analysis.parity import ParityAnswer, compare, cosine, describe_diff, first_divergence
-from folio.operator.analysis.parity_run import GateRunner, run_gate
-from folio.operator.analysis.parity_suite import SuiteError, SuitePrompt, default_suite, parse_suite
+from folio.operator.parity.compare import ParityAnswer, compare, cosine, describe_diff, first_divergence
+from folio.operator.parity.run import GateRunner, run_gate
+from folio.operator.parity.suite import SuiteError, SuitePrompt, default_suite, parse_suite
 from folio.operator.spec import ParitySpec
 from folio.operator.testing.smollm2 import smollm2_gguf
 

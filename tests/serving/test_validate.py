@@ -1,0 +1,249 @@
+"""`folio.operator.serving.validate`: one verdict for the operator and `folio up`, one problem per field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from folio.operator.serving.validate import (
+    CLUSTER,
+    LOCAL_MAX_REPLICAS,
+    SITES,
+    THIS_MACHINE,
+    UNSUPPORTED_HERE,
+    Problem,
+    field_path,
+    parse,
+    parse_manifest,
+    summary,
+    validate,
+)
+from folio.operator.spec import MAX_REPLICAS, InferenceService, InferenceServiceSpec
+
+DIGEST = "sha256:" + "ab" * 32
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def spec(**fields: Any) -> dict[str, Any]:
+    return {"model": {"source": "file:///models/m", "digest": DIGEST}, **fields}
+
+
+def found(problems: list[Problem]) -> list[tuple[str, str]]:
+    return [(p.path, p.reason) for p in problems]
+
+
+def test_a_problem_reads_as_its_field_then_what_is_wrong() -> None:
+    assert str(Problem("spec.replicas", "InvalidSpec", "must be 0 or more")) == "spec.replicas: must be 0 or more"
+    # a message that already starts with its field is not prefixed again
+    assert str(Problem("spec.replicas", "UnsupportedHere", "spec.replicas 17 is too many")) == "spec.replicas 17 is too many"
+    assert str(Problem("spec.replicas", "X", "spec.replicas: bad")) == "spec.replicas: bad"
+    assert str(Problem("spec.replica", "X", "spec.replicas: bad")) == "spec.replica: spec.replicas: bad"
+
+
+def test_field_paths() -> None:
+    assert field_path(("spec", "rollout", "steps", 1, "weight")) == "spec.rollout.steps[1].weight"
+    assert field_path(("spec", "engine", "nodeSelector", "kubernetes.io/arch")) == "spec.engine.nodeSelector.kubernetes.io/arch"
+    # a user's key that is not a plain name is quoted, so that the path stays one line and says what it is
+    assert field_path(("spec", "engine", "args", "a\nb")) == "spec.engine.args['a\\nb']"
+    assert field_path(("spec", "[bold]")) == "spec['[bold]']"
+    assert field_path(()) == "(root)"
+
+
+def test_a_valid_spec_has_no_problem_on_either_site() -> None:
+    for site in SITES:
+        model, problems = parse("chat", spec(replicas=2), site)
+        assert problems == [] and isinstance(model, InferenceServiceSpec) and model.replicas == 2
+    hf = {"model": {"source": "hf://org/name", "revision": COMMIT}}
+    assert validate("chat", hf, CLUSTER) == validate("chat", hf, THIS_MACHINE) == []
+
+
+def test_schema_problems_name_each_field() -> None:
+    body = spec(replicas=-1, overflow={"url": "ftp://x"}, engine={"args": {"x": [1]}}, replicaz=2,
+                rollout={"steps": [{"weight": 50}, {"weight": 20}]})  # fmt: skip
+    model, problems = parse("chat", body, CLUSTER)
+    assert model is None
+    assert {str(p) for p in problems} == {
+        "spec.replicas: Input should be greater than or equal to 0",
+        "spec.engine.args.x: Input should be one of: an integer, a number, true or false, a string (got a list)",
+        "spec.rollout.steps: rollout step weights must strictly increase within 1-99, got [50, 20]",
+        # the pattern is said in words: the regex (with its "[/?#]") is no message for a user
+        "spec.overflow.url: must be an http:// or https:// URL with a host, got 'ftp://x'",
+        "spec.replicaz: Extra inputs are not permitted",
+    }
+    assert {p.reason for p in problems} == {"InvalidSpec"}
+
+
+@pytest.mark.parametrize("junk", [None, 5, "spec", [], [{"model": 1}], {"model": None}, {}])
+def test_anything_at_all_is_a_verdict_never_an_exception(junk: Any) -> None:
+    for site in SITES:
+        model, problems = parse("chat", junk, site)
+        assert model is None and problems and all(p.path.startswith("spec") for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (None, "metadata.name is required"),
+        ("", "metadata.name is required"),
+        ("Chat", "must be at most 44 lower-case letters"),
+        ("a" * 45, "must be at most 44"),
+        (7, "metadata.name must be a string, got int"),
+    ],
+)
+def test_the_name_is_checked_as_folio_names_children(name: Any, message: str) -> None:
+    model, problems = parse(name, spec(), CLUSTER)
+    assert model is not None  # the spec itself is fine: the operator keeps what runs running
+    (problem,) = problems
+    assert (problem.path, problem.reason) == ("metadata.name", "InvalidName") and message in str(problem)
+
+
+def test_planning_problems_come_with_the_spec_model() -> None:
+    model, problems = parse("chat", spec(engine={"args": {"bogus": 1, "maxNumSeqs": "8"}}), CLUSTER)
+    assert model is not None
+    assert found(problems) == [("spec.engine.args.bogus", "InvalidEngineArgs"),
+                               ("spec.engine.args.maxNumSeqs", "InvalidEngineArgs")]  # fmt: skip
+    model, problems = parse("chat", spec(engine={"args": {"blockSize": 3}}), CLUSTER)
+    assert found(problems) == [("spec.engine.args.blockSize", "InvalidEngineArgs")]
+    assert str(problems[0]).startswith("spec.engine.args.blockSize: block_size must be a power of two")
+
+
+def test_a_model_passed_in_is_validated_too() -> None:
+    model = InferenceServiceSpec.model_validate(spec(replicas=17, autoscaling={"keda": True}))
+    assert found(validate("chat", model, THIS_MACHINE)) == [
+        ("spec.autoscaling.keda", "KedaNeedsPrometheus"), ("spec.replicas", UNSUPPORTED_HERE),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("file://elsewhere/m", "file:// sources must be absolute local paths"),
+        ("file://[::1/m", "is not a usable URL"),
+        ("file:///", "no final path component"),
+        ("pvc://claim/", "pvc://CLAIM/PATH"),
+    ],
+)
+def test_model_sources_that_cannot_be_pulled(source: str, message: str) -> None:
+    body = {"model": {"source": source, "digest": DIGEST}}
+    problems = validate("chat", body, CLUSTER)
+    assert found(problems) == [("spec.model.source", "InvalidModelSource")] and message in str(problems[0])
+
+
+# ------------------------------------------------------------------------ the sites' own rules
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "refused_by", "message"),
+    [
+        ({"model": {"source": "pvc://claim/m", "digest": DIGEST}}, "spec.model.source", THIS_MACHINE,
+         "spec.model.source: pvc:// sources need a cluster; `folio up` serves hf://, file:// sources"),
+        (spec(replicas=LOCAL_MAX_REPLICAS + 1), "spec.replicas", THIS_MACHINE,
+         "spec.replicas 17 is more than `folio up` runs (at most 16 engine processes per revision)"),
+        (spec(autoscaling={"maxReplicas": 40}), "spec.autoscaling.maxReplicas", THIS_MACHINE,
+         "spec.autoscaling.maxReplicas 40 is more than `folio up` runs (at most 16 engine processes per revision)"),
+        (spec(rollout={"parity": {"configMapRef": {"name": "suite"}}}), "spec.rollout.parity.configMapRef",
+         THIS_MACHINE, "spec.rollout.parity.configMapRef needs a cluster; `folio up` reads a suite from suiteFile "
+         "(or uses the default suite)"),
+        (spec(rollout={"parity": {"suiteFile": "suite.jsonl"}}), "spec.rollout.parity.suiteFile", CLUSTER,
+         "spec.rollout.parity.suiteFile needs `folio up`; a cluster reads a suite from configMapRef "
+         "(or uses the default suite)"),
+    ],
+)  # fmt: skip
+def test_site_rules(body: dict[str, Any], path: str, refused_by: Any, message: str) -> None:
+    other = CLUSTER if refused_by is THIS_MACHINE else THIS_MACHINE
+    (problem,) = validate("chat", body, refused_by)
+    assert (problem.path, problem.reason, str(problem)) == (path, UNSUPPORTED_HERE, message)
+    assert validate("chat", body, other) == []
+
+
+def test_file_sources_are_still_accepted_in_a_cluster() -> None:
+    """As before this validation: the pre-pull Job copies the path as its own container sees it."""
+    assert validate("chat", spec(), CLUSTER) == []
+
+
+def test_the_sites_differ_in_their_own_rules_only() -> None:
+    body = {"model": {"source": "pvc://claim/", "digest": DIGEST}, "replicas": 20,
+            "engine": {"args": {"maxNumSeqs": 0}}, "rollout": {"parity": {"suiteFile": "s"}}}  # fmt: skip
+    cluster, local = validate("chat", body, CLUSTER), validate("chat", body, THIS_MACHINE)
+    common = [("spec.engine.args.maxNumSeqs", "InvalidEngineArgs"), ("spec.model.source", "InvalidModelSource")]
+    assert found(cluster) == [*common, ("spec.rollout.parity.suiteFile", UNSUPPORTED_HERE)]
+    assert found(local) == [*common, ("spec.model.source", UNSUPPORTED_HERE), ("spec.replicas", UNSUPPORTED_HERE)]
+    assert CLUSTER.max_replicas == MAX_REPLICAS and THIS_MACHINE.max_replicas == LOCAL_MAX_REPLICAS
+
+
+# ---------------------------------------------------------- what the schema lets through, and crashes
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        (spec(autoscaling={"target": math.inf}), "spec.autoscaling.target"),  # YAML's .inf: int(inf) in the router
+        (spec(engine={"args": {"kvCacheMemoryGib": math.nan}}), "spec.engine.args.kvCacheMemoryGib"),
+        (spec(rollout={"analysis": {"maxLatencyP99IncreaseMs": -math.inf}}), "spec.rollout.analysis.maxLatencyP99IncreaseMs"),
+    ],
+)
+def test_non_finite_numbers_are_refused(body: dict[str, Any], path: str) -> None:
+    assert (path, "InvalidSpec") in found(validate("chat", body, CLUSTER))
+    assert any(str(p) == f"{path}: must be a finite number, got {body_value}" for p in validate("chat", body, CLUSTER)
+               for body_value in ("inf", "nan", "-inf"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [  # each of these used to crash the rollout, the sampler or KEDA's rendering (timedelta/int of infinity)
+        (spec(rollout={"drainPeriod": "9" * 400 + "h"}), "spec.rollout.drainPeriod"),
+        (spec(rollout={"analysis": {"interval": "9000h"}}), "spec.rollout.analysis.interval"),
+        (spec(rollout={"steps": [{"weight": 5, "pause": "1m"}, {"weight": 10, "pause": "10000h"}]}),
+         "spec.rollout.steps[1].pause"),
+        (spec(autoscaling={"scaleDownDelay": "99999999999999999999h"}), "spec.autoscaling.scaleDownDelay"),
+    ],
+)  # fmt: skip
+def test_durations_over_a_year_are_refused(body: dict[str, Any], path: str) -> None:
+    (problem,) = validate("chat", body, CLUSTER)
+    assert (problem.path, problem.reason) == (path, "InvalidSpec") and "longer than 8784h" in problem.message
+    assert validate("chat", spec(rollout={"drainPeriod": "8784h"}), CLUSTER) == []
+
+
+def test_a_hold_timeout_the_router_cannot_use() -> None:
+    (problem,) = validate("chat", spec(autoscaling={"holdTimeout": "0s"}), THIS_MACHINE)
+    assert str(problem) == "spec.autoscaling.holdTimeout: Input should be greater than 0"
+
+
+# ------------------------------------------------------------------------------ whole manifests
+
+
+def manifest(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": "serving.folio.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "chat"},
+            "spec": spec(), **fields}  # fmt: skip
+
+
+def test_a_valid_manifest_is_its_model() -> None:
+    model, problems = parse_manifest(manifest(), THIS_MACHINE)
+    assert problems == [] and isinstance(model, InferenceService) and model.name == "chat"
+
+
+@pytest.mark.parametrize(
+    ("doc", "lines"),
+    [
+        ("spec: x", ["(manifest): must be a mapping, got str"]),
+        (manifest(apiVersion="v1"), ["apiVersion: Input should be 'serving.folio.dev/v1alpha1'"]),
+        (manifest(metadata=[]), ["metadata: must be a mapping, got list", "metadata.name is required"]),
+        ({"kind": "InferenceService", "metadata": {"name": "chat"}}, ["spec is required"]),
+        (manifest(metadata={"name": "[bold]"}, spec=spec(replicas=99)), [
+            "metadata.name '[bold]' must be at most 44 lower-case letters, digits and '-', starting and ending with "
+            "a letter or digit (its children's names add a suffix)",
+            "spec.replicas 99 is more than `folio up` runs (at most 16 engine processes per revision)",
+        ]),
+    ],
+)  # fmt: skip
+def test_manifest_problems(doc: Any, lines: list[str]) -> None:
+    model, problems = parse_manifest(doc, THIS_MACHINE)
+    assert model is None and [str(p) for p in problems] == lines
+
+
+def test_summary_is_one_condition() -> None:
+    problems = validate("Bad", spec(replicas=99), THIS_MACHINE)
+    reason, message = summary(problems)
+    assert reason == "InvalidName" and message == "; ".join(str(p) for p in problems) and "spec.replicas 99" in message

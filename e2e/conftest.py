@@ -74,7 +74,8 @@ def release(kube: Kubectl, helm_bin: str) -> Iterator[str]:
          "--namespace", RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "5m",
          "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
          "--set", f"operator.watchNamespace={NAMESPACE}",
-         "--set", "operator.verbose=true"], timeout=360)
+         "--set", "operator.verbose=true",
+         "--set", "faultInjection.enabled=true"], timeout=360)  # the faulty canary's faultErrorRate
     yield RELEASE
     if not KEEP:
         run([helm_bin, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"], check=False)

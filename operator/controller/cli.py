@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import random
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from folio.operator.k8s.names import ROUTER_CLUSTER_ROLE
 from folio.operator.spec import DEFAULT_IMAGE
+
+if TYPE_CHECKING:
+    from folio.operator.serving.validate import Site
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "spec.router.inferencePool unset (default: no)")
     parser.add_argument("--endpoint-picker-port", type=int, default=9002, metavar="PORT",
                         help="port of each InferencePool's endpoint picker Service {name}-epp (0: no endpointPickerRef)")
+    parser.add_argument("--allow-fault-injection", action="store_true",
+                        help="accept InferenceServices that set the engine's fault-injection test aids "
+                        "(spec.engine.args faultErrorRate, faultLatencyMs, faultLogitNoise; refused by default)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -57,6 +64,13 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"--operator-pod-labels: expected KEY=VALUE, got {item!r}")
         pairs.append((key, value))
     return tuple(sorted(pairs))
+
+
+def site(args: argparse.Namespace) -> Site:
+    """The validation rules the operator applies: a cluster's, with `--allow-fault-injection` as asked."""
+    from folio.operator.serving.validate import CLUSTER
+
+    return dataclasses.replace(CLUSTER, fault_injection=args.allow_fault_injection)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -93,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
                                  operator_namespace=os.environ.get("POD_NAMESPACE") or None,
                                  operator_labels=operator_labels,
                                  inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port)
-    ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds)
+    ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds, site=site(args))
     if args.metrics_port:
         start_http_server(args.metrics_port)
     options: dict[str, Any] = {"clusterwide": True} if args.all_namespaces else {"namespaces": namespaces}

@@ -1,8 +1,15 @@
 """Which optional kinds the cluster serves: children whose CRD may not be installed.
 
-An InferenceService may ask for a child of a kind from someone else's CRD (the Gateway API inference
-extension's InferencePool). Where that CRD is absent, kopf leaves the kind's index empty and an apply
-would fail every pass; instead the pass leaves such children out of the plan, keeps serving, and
+An InferenceService may ask for a child of a kind from someone else's CRD; `OPTIONALS` lists each one
+Folio may create (every kind of `MANAGED_KINDS` outside Kubernetes' own groups), table-driven:
+
+| kind                                           | asked for by                                         | reason when absent          |
+| ---------------------------------------------- | ---------------------------------------------------- | --------------------------- |
+| InferencePool (inference.networking.k8s.io/v1) | spec.router.inferencePool (or --inference-pool)      | InferencePoolUnavailable    |
+| ScaledObject (keda.sh/v1alpha1)                | spec.autoscaling.keda                                | ScaledObjectUnavailable     |
+
+A service that asks for none of them never looks (no discovery call, nothing in status). Where the CRD
+of one it asks for is absent, kopf leaves the kind's index empty and an apply would fail every pass; instead the pass leaves such children out of the plan, keeps serving, and
 reports the gap in status (`rollout.Observed.unavailable`, then Degraded=True with the reason below and
 a Warning Event). The answer is kept for `TTL_S`, so a CRD installed later is picked up within it
 without one discovery call per pass.
@@ -15,7 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from folio.operator.k8s.client import Kube
-from folio.operator.k8s.names import INFERENCE_POOL, PLURALS
+from folio.operator.k8s.names import INFERENCE_POOL, PLURALS, SCALED_OBJECT
+from folio.operator.serving import keda
 from folio.operator.serving.inference_pool import wanted
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import InferenceServiceSpec
@@ -24,21 +32,47 @@ TTL_S = 30.0
 
 Kind = tuple[str, str]  # (apiVersion, kind)
 
-# Optional kind -> (the condition's reason, what to tell the user) when the cluster does not serve it.
-OPTIONAL: dict[Kind, tuple[str, str]] = {
-    INFERENCE_POOL: (
+
+def _crd(kind: Kind) -> str:
+    """The CRD's name: ``{plural}.{group}``."""
+    return f"{PLURALS[kind]}.{kind[0].split('/')[0]}"
+
+
+@dataclass(frozen=True)
+class OptionalKind:
+    """One optional kind: who asks for it, and what status says when the cluster does not serve it."""
+
+    kind: Kind
+    reason: str  # the Degraded condition's reason
+    message: str  # what to tell the user: which CRD to install, and how serving goes on without it
+    asks: Callable[[InferenceServiceSpec, PlanSettings], bool]
+
+
+OPTIONALS: tuple[OptionalKind, ...] = (
+    OptionalKind(
+        INFERENCE_POOL,
         "InferencePoolUnavailable",
         f"an InferencePool is asked for (spec.router.inferencePool, or the operator's --inference-pool), "
-        f"but the cluster does not serve {PLURALS[INFERENCE_POOL]}.{INFERENCE_POOL[0].split('/')[0]} "
-        f"({INFERENCE_POOL[0]}): install the Gateway API inference extension's CRDs. "
-        f"Serving goes on through Folio's router without it",
+        f"but the cluster does not serve {_crd(INFERENCE_POOL)} ({INFERENCE_POOL[0]}): install the Gateway "
+        f"API inference extension's CRDs. Serving goes on through Folio's router without it",
+        lambda spec, settings: wanted(spec.router.inference_pool, settings.inference_pool),
     ),
-}
+    OptionalKind(
+        SCALED_OBJECT,
+        "ScaledObjectUnavailable",
+        f"KEDA scaling is asked for (spec.autoscaling.keda), but the cluster does not serve "
+        f"{_crd(SCALED_OBJECT)} ({SCALED_OBJECT[0]}): install KEDA (its CRDs and operator). "
+        f"Serving goes on, scaled by Folio's own autoscaler, until it is installed",
+        lambda spec, settings: keda.enabled(spec),
+    ),
+)
+# Optional kind -> (the condition's reason, what to tell the user) when the cluster does not serve it.
+OPTIONAL: dict[Kind, tuple[str, str]] = {o.kind: (o.reason, o.message) for o in OPTIONALS}
 
 
 def asked_for(spec: InferenceServiceSpec, settings: PlanSettings) -> list[Kind]:
     """The optional kinds among the children `spec` asks for (whatever its rollout's state)."""
-    return [INFERENCE_POOL] if wanted(spec.router.inference_pool, settings.inference_pool) else []
+    return [o.kind for o in OPTIONALS if o.asks(spec, settings)]
 
 
 @dataclass

@@ -155,6 +155,7 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, logger: loggin
     for _, kind, _ in gone:
         metrics.APPLIED.labels(kind=kind, action="deleted").inc()
     memo.ctx.schedules.pop((meta.namespace, meta.name), None)
+    metrics.forget_isvc(meta.namespace or "", meta.name or "")
     logger.info("deleted %d child objects; the finalizer is released", len(gone))
 
 

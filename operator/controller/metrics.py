@@ -32,3 +32,15 @@ REVISIONS_FAILED = Counter(
     "Revisions the rollout failed (and rolled back when they had traffic), by failedRevisions[].reason.",
     ["namespace", "isvc", "reason"],
 )
+
+
+def forget_isvc(namespace: str, name: str) -> None:
+    """Remove a deleted InferenceService's series, so that /metrics does not keep every one that ever was."""
+    reasons = {
+        sample.labels["reason"]
+        for family in REVISIONS_FAILED.collect()
+        for sample in family.samples
+        if sample.labels.get("namespace") == namespace and sample.labels.get("isvc") == name
+    }
+    for reason in reasons:  # in REVISIONS_FAILED's label order
+        REVISIONS_FAILED.remove(namespace, name, reason)

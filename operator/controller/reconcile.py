@@ -27,6 +27,7 @@ from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.names import engine_service_url
 from folio.operator.reconcile import Memory, Target, run_pass
 from folio.operator.serving.objects import PlanSettings
+from folio.operator.serving.validate import CLUSTER, Site
 from folio.operator.spec import API_VERSION, KIND, InferenceServiceStatus
 
 T = TypeVar("T")
@@ -72,6 +73,9 @@ class Context:
     replica_url: Callable[[str, str, str], str] = field(default=engine_service_url)
     # which optional kinds (CRDs that may be absent) the cluster serves; made from `kube` when not given
     discovery: Discovery | None = None
+    # the validation rules of where specs run: a cluster's, with fault injection allowed by
+    # `folio operator --allow-fault-injection` (`dataclasses.replace(CLUSTER, fault_injection=True)`)
+    site: Site = CLUSTER
 
     def __post_init__(self) -> None:
         if self.discovery is None:
@@ -121,7 +125,7 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     children = expect.view(Children.from_indexes(indexes, isvc.namespace, isvc.name))
     assert ctx.discovery is not None
     runtime = ClusterRuntime(ctx.kube, isvc, children, expect, ctx.plan_settings, ctx.discovery, ctx.replica_url,
-                             body, logger)
+                             body, logger, site=ctx.site)
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
     outcome = await run_pass(runtime, memo_part(memo, "pass", lambda: Memory(isvc.name)), target)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -28,7 +28,7 @@ from folio.operator.controller.observe import (
 )
 from folio.operator.k8s.client import Kube
 from folio.operator.k8s.merge_patch import merge_diff
-from folio.operator.k8s.names import component_labels, override_annotation
+from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_annotation
 from folio.operator.parity import SuitePrompt, cluster_suite
 from folio.operator.reconcile import Capacity
 from folio.operator.rollout import Decision, Observed
@@ -88,9 +88,7 @@ class Isvc:
 class ClusterRuntime:
     """One pass's view of the cluster (`folio.operator.reconcile.Runtime`)."""
 
-    site: ClassVar[Site] = CLUSTER
     placement: ClassVar[Placement] = Placement.cluster()
-    keda: ClassVar[bool] = True
     http: ClassVar[None] = None  # the parity gate outlives a pass: it opens its own client
 
     kube: Kube
@@ -102,12 +100,21 @@ class ClusterRuntime:
     replica_url: Callable[[str, str, str], str]  # (namespace, isvc, revision) -> a base URL
     body: kopf.Body
     logger: logging.Logger
+    site: Site = CLUSTER  # the operator's (`Context.site`): `--allow-fault-injection` changes it
+    # the optional kinds asked for that the cluster does not serve (set by `observe`)
+    missing: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def keda(self) -> bool:
+        """KEDA scales when the spec asks for it, unless its CRD is absent: then Folio's own autoscaler does."""
+        return SCALED_OBJECT not in self.missing
 
     # ------------------------------------------------------------------ observing
 
     async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
         observed = observe(self.children, self.isvc.name, spec, status, self.isvc.annotations, now)
         missing = await call(self.discovery.unavailable, asked_for(spec, self.settings))
+        self.missing = tuple(missing)
         if not missing:
             return observed
         return Observed(observed.now, observed.revisions, overrides=observed.overrides,
@@ -144,6 +151,11 @@ class ClusterRuntime:
 
     async def _apply(self, serving: ServingPlan) -> None:
         isvc = self.isvc
+        auto = serving.spec.autoscaling
+        if auto is not None and auto.keda and await call(self.discovery.unavailable, [SCALED_OBJECT]):
+            # no KEDA: the Deployments keep the replicas Folio's own autoscaler gives them
+            serving = replace(serving, spec=serving.spec.model_copy(
+                update={"autoscaling": auto.model_copy(update={"keda": False})}))
         wanted = objects(serving, Owner(isvc.name, isvc.namespace, str(isvc.meta.get("uid", ""))), self.settings)
         # children of a kind the cluster does not serve are left out (status says so), not applied every pass
         missing = set(await call(self.discovery.unavailable, [(o["apiVersion"], o["kind"]) for o in wanted]))

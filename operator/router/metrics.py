@@ -2,11 +2,19 @@
 
 Each router owns its registry, so several routers (tests, one process per InferenceService)
 never share counters. Label children are cached: `labels()` is the costly part of an update.
+
+Series live as long as their revision is in the router's config, and `SERIES_GRACE_S` after it left (so
+that scrapes get its final counts): `retain` removes the rest, so that /metrics does not grow with the
+history of revisions. A replica's ejected gauge goes as soon as the replica leaves the endpoints; its
+ejection count stays with its revision, so that a replica ejected for dying, then gone from the
+endpoints at once, still shows in it. A counter of a revision that comes back
+starts from zero again, a reset Prometheus handles; nothing analyses a revision out of the config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -14,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from folio.operator import metric_names as m
+from folio.operator.serving.router import OVERFLOW
 
 # Fine enough to read a p99 anywhere from 5 ms (the added-latency budget) to 60 s (long generations).
 LATENCY_BUCKETS = (
@@ -26,12 +35,40 @@ LATENCY_BUCKETS = (
 LATENCY_DIFFERENCE_BUCKETS = tuple(sorted({*(-b for b in (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)), 0.0,
                                           0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0}))
 
+
+# How long a revision's series outlive its leaving the config: longer than any scrape interval (and an
+# analysis interval), so that Prometheus and the analysis see its final counts before they go.
+SERIES_GRACE_S = 600.0
+
+
+class _Discarded:
+    """Stands in for the child of a series that is gone: a late update (an attempt or a mirrored request that
+    outlived its revision's removal) must not bring the series back."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def dec(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+_DISCARDED = _Discarded()
+
+
 class RouterMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, isvc: str, registry: CollectorRegistry | None = None,
-                 buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+                 buckets: tuple[float, ...] = LATENCY_BUCKETS, clock: Callable[[], float] = time.monotonic) -> None:
         self.isvc = isvc
+        self.clock = clock
+        self.series_grace_s = SERIES_GRACE_S
         self.registry = registry or CollectorRegistry()
         r = self.registry
         per_revision = [m.ISVC, m.REVISION]
@@ -90,15 +127,60 @@ class RouterMetrics:
             m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
             [m.ISVC, m.OUTCOME], registry=r,
         )
-        self._children: dict[tuple[object, ...], Any] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}  # (id(metric), *labels after isvc) -> child
         self._weights: set[str] = set()
+        # what `retain` keeps (None: everything, until a config arrives)
+        self._revisions: set[str] | None = None
+        self._replicas: set[tuple[str, str]] | None = None
+        self._leaving: dict[str, float] = {}  # revisions out of the config -> since when (`clock`)
+        self._metrics = {id(metric): metric for metric in vars(self).values() if isinstance(metric, MetricWrapperBase)}
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
         key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
+            if not self._kept(metric, labels):
+                return _DISCARDED
             child = self._children[key] = metric.labels(self.isvc, *labels)
         return child
+
+    def _kept(self, metric: MetricWrapperBase, labels: tuple[str, ...]) -> bool:
+        """Whether the series may exist: every revision it names (the first label; a retry's two) is in the
+        config or left it lately, and the replica of an ejected gauge is in the config."""
+        revisions, replicas, leaving = self._revisions, self._replicas, self._leaving
+        if revisions is None or replicas is None:
+            return True
+        names = labels[:2] if metric is self.retries else labels[:1]
+        if any(name not in revisions and name not in leaving and name != OVERFLOW for name in names):
+            return False
+        return metric is not self.ejected or (labels[0], labels[1]) in replicas
+
+    def retain(self, revisions: Collection[str], replicas: Collection[tuple[str, str]]) -> None:
+        """Follow a new config's ``revisions`` and (revision, replica URL) ``replicas``: the series of a
+        revision that left it go `series_grace_s` later, an ejected gauge of a replica that left it now;
+        gone, they do not come back until they are in a config again."""
+        revisions = set(revisions)
+        now = self.clock()
+        for gone in (self._revisions or set()) - revisions:
+            self._leaving.setdefault(gone, now)
+        for back in revisions & self._leaving.keys():
+            del self._leaving[back]
+        self._revisions, self._replicas = revisions, set(replicas)
+        self._expire(now)
+        self._sweep()
+
+    def _expire(self, now: float) -> bool:
+        """Forget the revisions whose grace is over; whether there were any."""
+        expired = [r for r, since in self._leaving.items() if now - since >= self.series_grace_s]
+        for revision in expired:
+            del self._leaving[revision]
+        return bool(expired)
+
+    def _sweep(self) -> None:
+        """Remove every series `_kept` no longer allows."""
+        for key in [key for key in self._children if not self._kept(self._metrics[key[0]], key[1:])]:
+            del self._children[key]
+            self._metrics[key[0]].remove(self.isvc, *key[1:])
 
     def attempt_started(self, revision: str) -> None:
         self._child(self.in_flight, revision).inc()
@@ -140,11 +222,13 @@ class RouterMetrics:
 
     def set_weights(self, weights: Mapping[str, int]) -> None:
         for gone in self._weights - weights.keys():
-            self.weight.remove(self.isvc, gone)
-            self._children.pop((id(self.weight), gone), None)
+            if self._children.pop((id(self.weight), gone), None) is not None:  # else `retain` removed it
+                self.weight.remove(self.isvc, gone)
         for revision, w in weights.items():
             self._child(self.weight, revision).set(w)
         self._weights = set(weights)
 
     def render(self) -> bytes:
+        if self._leaving and self._expire(self.clock()):
+            self._sweep()
         return generate_latest(self.registry)

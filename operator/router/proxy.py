@@ -44,6 +44,15 @@ _HOP_BY_HOP = {
 }  # fmt: skip
 # The router's own credentials never travel upstream; aiohttp computes the length itself.
 DROP_REQUEST_HEADERS = frozenset({*_HOP_BY_HOP, "host", "content-length", "authorization", "expect"})
+# The only request headers the overflow endpoint (a remote service, outside the cluster and its trust)
+# gets from a client: what OpenAI's API documents as request headers, plus the body's type and the
+# request id for tracing. Cookies, the client's Authorization and any custom header (they may carry
+# credentials or identities meant for Folio or a gateway before it) stay here; the Authorization it gets
+# is the overflow's own API key, when one is configured. Folio's engines get all but DROP_REQUEST_HEADERS.
+OVERFLOW_REQUEST_HEADERS = frozenset({
+    "content-type", "accept", "x-request-id", "x-client-request-id",
+    "openai-organization", "openai-project", "openai-beta",
+})  # fmt: skip
 # The router's server writes its own date and server headers.
 _DROP_RESPONSE_HEADERS = frozenset({*_HOP_BY_HOP, "date", "server"})
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
@@ -191,7 +200,7 @@ class Proxy:
     async def _overflow(
         self, req: ProxyRequest, downstream: web.Request, overflow: Overflow
     ) -> web.StreamResponse:
-        headers = list(req.headers)
+        headers = [(k, v) for k, v in req.headers if k.lower() in OVERFLOW_REQUEST_HEADERS]
         if overflow.api_key:
             headers.append(("Authorization", f"Bearer {overflow.api_key}"))
         answer = await self._attempt(

@@ -30,6 +30,11 @@ class RoutingState:
     def apply(self, config: RouterConfig) -> None:
         """Swap in a new config; the next request already follows it."""
         old = self.config
+        # Series of revisions and replicas the config no longer names go (first: nothing recorded while
+        # it is swapped in may bring them back).
+        revisions = {*(t.revision for t in config.traffic), *config.endpoints}
+        revisions.update(r for r in (config.stable, config.canary) if r is not None)
+        self.metrics.retain(revisions, {(rev, url) for rev, urls in config.endpoints.items() for url in urls})
         weights = [(t.revision, t.weight) for t in config.traffic]
         if not self.loaded or weights != [(t.revision, t.weight) for t in old.traffic]:
             # A fresh split restarts the interleaving; keeping the old one would bias the next picks.

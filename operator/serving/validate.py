@@ -6,13 +6,22 @@ parallelism, the model source, durations, what the router cannot use) and the si
 field, each naming its field path. It never raises for bad input. `parse` also hands back the spec model.
 
 The same spec gets the same verdict in a cluster and on this machine, except for the few rules a
-`Site` (where the spec runs) holds as data (all with the reason ``UnsupportedHere``):
+`Site` (where the spec runs) holds as data (`SITE_REASONS`: ``UnsupportedHere``, and
+``FaultInjectionDisabled`` for the test aids):
 
 | rule                                   | cluster (`CLUSTER`)       | this machine (`THIS_MACHINE`) |
 | -------------------------------------- | ------------------------- | ----------------------------- |
 | model source schemes                   | hf://, pvc://, file://    | hf://, file://                |
 | engine replicas per revision at most   | 512 (`MAX_REPLICAS`)      | 16 (`LOCAL_MAX_REPLICAS`)     |
 | parity suite source                    | configMapRef              | suiteFile                     |
+| fault-injection args (`FAULT_ARGS`)    | refused (see below)       | kept                          |
+
+(The fault-injection args, `faultErrorRate`, `faultLatencyMs` and `faultLogitNoise`, make a revision
+fail, slow down or answer differently on purpose: test aids for rollback and the parity gate. A cluster's
+operator refuses a spec that sets any of them, whatever its value, with the reason
+``FaultInjectionDisabled``, unless it was started with `--allow-fault-injection`, which runs it with
+``dataclasses.replace(CLUSTER, fault_injection=True)``. One problem per field: a fault arg whose value
+is wrong anyway is reported as that, on both sites.)
 
 (file:// stays accepted in a cluster, as the operator has always done: the pre-pull Job copies the
 path as its own container sees it.)
@@ -58,6 +67,11 @@ INVALID_NAME = "InvalidName"
 INVALID_ENGINE_ARGS = "InvalidEngineArgs"
 INVALID_MODEL_SOURCE = "InvalidModelSource"
 UNSUPPORTED_HERE = "UnsupportedHere"
+FAULT_INJECTION_DISABLED = "FaultInjectionDisabled"
+# The reasons of the sites' own rules: the only ones by which two sites' verdicts on one spec differ.
+SITE_REASONS = frozenset({UNSUPPORTED_HERE, FAULT_INJECTION_DISABLED})
+# The `spec.engine.args` keys of the engine's fault injection (`folio serve --fault-*`): test aids.
+FAULT_ARGS = ("faultErrorRate", "faultLatencyMs", "faultLogitNoise")
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,8 @@ class Problem:
     """One thing wrong with a manifest: the field, a condition reason (CamelCase) and one line saying what."""
 
     path: str  # the field path: "spec.engine.args.maxModelLen", "metadata.name", "spec.rollout.steps[1].weight"
-    reason: str  # InvalidSpec, InvalidName, InvalidEngineArgs, InvalidModelSource, KedaNeedsPrometheus, UnsupportedHere
+    reason: str  # InvalidSpec, InvalidName, InvalidEngineArgs, InvalidModelSource, KedaNeedsPrometheus, UnsupportedHere,
+    # FaultInjectionDisabled
     message: str  # one line, naming the field
 
     def __str__(self) -> str:
@@ -84,10 +99,13 @@ class Site:
     max_replicas: int  # engine replicas per revision at most (spec.replicas, spec.autoscaling.maxReplicas)
     replica: str  # what one engine replica is there, for the messages
     parity_suites: tuple[str, ...]  # the spec.rollout.parity fields it reads a suite from
+    fault_injection: bool  # whether it runs the engine's fault-injection args (`FAULT_ARGS`)
 
 
-CLUSTER = Site("a cluster", "`folio up`", ("hf", "pvc", "file"), MAX_REPLICAS, "engine pods", ("configMapRef",))
-THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",))
+CLUSTER = Site("a cluster", "`folio up`", ("hf", "pvc", "file"), MAX_REPLICAS, "engine pods", ("configMapRef",),
+               fault_injection=False)
+THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",),
+                    fault_injection=True)
 SITES = (CLUSTER, THIS_MACHINE)
 
 
@@ -118,7 +136,11 @@ def parse(
             problems += schema_problems(exc, "spec")
     problems += non_finite
     if model is not None:
-        problems += planning_problems(model, router=not non_finite) + _site(model, site)
+        planned = planning_problems(model, router=not non_finite)
+        # one problem per field: a fault arg whose value is wrong anyway is reported as that, on every site
+        taken = {p.path for p in planned}
+        problems += planned + [p for p in _site(model, site)
+                               if p.reason != FAULT_INJECTION_DISABLED or p.path not in taken]
     return model, _unique(problems)
 
 
@@ -316,7 +338,7 @@ def _router(spec: InferenceServiceSpec) -> list[Problem]:
 
 
 def _site(spec: InferenceServiceSpec, site: Site) -> list[Problem]:
-    """The site's own rules (the table in the module's docstring); reason UnsupportedHere."""
+    """The site's own rules (the table in the module's docstring); reasons `SITE_REASONS`."""
     problems = []
     scheme = spec.model.scheme
     if scheme not in site.sources:
@@ -344,6 +366,15 @@ def _site(spec: InferenceServiceSpec, site: Site) -> list[Problem]:
                     f"spec.rollout.parity.{key} needs {site.other}; {site.name} reads a suite from "
                     f"{' or '.join(site.parity_suites)} (or uses the default suite)",
                 ))  # fmt: skip
+    if not site.fault_injection:
+        paths = [(key, field_path(("spec", "engine", "args", key))) for key in FAULT_ARGS if key in spec.engine.args]
+        problems += [
+            Problem(path, FAULT_INJECTION_DISABLED,
+                    f"{path} is a fault-injection test aid (--{engine.kebab(key)}), and the operator was not "
+                    f"started with --allow-fault-injection (the chart's faultInjection.enabled): remove it, "
+                    f"or run the spec with {site.other}")
+            for key, path in paths
+        ]  # fmt: skip
     return problems
 
 

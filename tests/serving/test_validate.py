@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -9,6 +10,8 @@ import pytest
 
 from folio.operator.serving.validate import (
     CLUSTER,
+    FAULT_ARGS,
+    FAULT_INJECTION_DISABLED,
     LOCAL_MAX_REPLICAS,
     SITES,
     THIS_MACHINE,
@@ -171,6 +174,45 @@ def test_the_sites_differ_in_their_own_rules_only() -> None:
     assert found(cluster) == [*common, ("spec.rollout.parity.suiteFile", UNSUPPORTED_HERE)]
     assert found(local) == [*common, ("spec.model.source", UNSUPPORTED_HERE), ("spec.replicas", UNSUPPORTED_HERE)]
     assert CLUSTER.max_replicas == MAX_REPLICAS and THIS_MACHINE.max_replicas == LOCAL_MAX_REPLICAS
+
+
+FAULTS = {"faultErrorRate": 0.5, "faultLatencyMs": 200, "faultLogitNoise": 0.1}
+
+
+@pytest.mark.parametrize(("key", "flag"), [("faultErrorRate", "--fault-error-rate"),
+                                           ("faultLatencyMs", "--fault-latency-ms"),
+                                           ("faultLogitNoise", "--fault-logit-noise")])  # fmt: skip
+def test_fault_injection_is_refused_in_a_cluster_unless_the_operator_allows_it(key: str, flag: str) -> None:
+    body = spec(engine={"args": {"maxNumSeqs": 8, key: FAULTS[key]}})
+    (problem,) = validate("chat", body, CLUSTER)
+    path = f"spec.engine.args.{key}"
+    assert (problem.path, problem.reason) == (path, FAULT_INJECTION_DISABLED)
+    assert str(problem) == (f"{path} is a fault-injection test aid ({flag}), and the operator was not started with "
+                            "--allow-fault-injection (the chart's faultInjection.enabled): remove it, or run the spec "
+                            "with `folio up`")  # fmt: skip
+    assert validate("chat", body, THIS_MACHINE) == []  # `folio up` keeps them
+    assert validate("chat", body, dataclasses.replace(CLUSTER, fault_injection=True)) == []  # the operator's flag
+    # whatever the value: the key is the test aid (0 is off, but still says the spec was made for tests)
+    assert found(validate("chat", spec(engine={"args": {key: 0}}), CLUSTER)) == [(path, FAULT_INJECTION_DISABLED)]
+
+
+def test_each_fault_arg_set_is_one_problem_and_other_problems_stay() -> None:
+    body = spec(engine={"args": {**FAULTS, "maxNumSeqs": 0}})
+    assert set(FAULT_ARGS) == set(FAULTS)
+    assert found(validate("chat", body, CLUSTER)) == [
+        ("spec.engine.args.maxNumSeqs", "InvalidEngineArgs"),
+        *((f"spec.engine.args.{key}", FAULT_INJECTION_DISABLED) for key in FAULT_ARGS),
+    ]
+    assert found(validate("chat", body, THIS_MACHINE)) == [("spec.engine.args.maxNumSeqs", "InvalidEngineArgs")]
+    assert not CLUSTER.fault_injection and THIS_MACHINE.fault_injection
+
+
+@pytest.mark.parametrize("value", [1.5, "often", -1])
+def test_a_fault_arg_with_a_wrong_value_is_that_one_problem_on_both_sites(value: Any) -> None:
+    """One problem per field: the value's, which both sites share (the fault rule comes once it is fixed)."""
+    body = spec(engine={"args": {"faultErrorRate": value}})
+    for site in SITES:
+        assert found(validate("chat", body, site)) == [("spec.engine.args.faultErrorRate", "InvalidEngineArgs")]
 
 
 # ---------------------------------------------------------- what the schema lets through, and crashes

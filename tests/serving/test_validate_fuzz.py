@@ -38,6 +38,9 @@ from folio.operator.serving.objects import Owner, PlanSettings, objects
 from folio.operator.serving.plan import Placement, plan
 from folio.operator.serving.validate import (
     CLUSTER,
+    FAULT_ARGS,
+    FAULT_INJECTION_DISABLED,
+    SITE_REASONS,
     THIS_MACHINE,
     UNSUPPORTED_HERE,
     Problem,
@@ -53,7 +56,7 @@ DIGEST = "sha256:" + "ab" * 32
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
 # The fields the sites' own rules are about (the table in validate's docstring): nothing else may differ.
 SITE_FIELDS = {"spec.model.source", "spec.replicas", "spec.autoscaling.maxReplicas", "spec.rollout.parity.configMapRef",
-               "spec.rollout.parity.suiteFile"}  # fmt: skip
+               "spec.rollout.parity.suiteFile", *(f"spec.engine.args.{key}" for key in FAULT_ARGS)}  # fmt: skip
 
 # Text that is valid UTF-8 (YAML and JSON carry it), with the odd parts of Unicode.
 TEXT = st.characters(codec="utf-8")
@@ -312,8 +315,8 @@ def check(doc: dict[str, Any], tmp: Path, api: tuple[TestClient, FakeRuntime]) -
     for problem in cluster + local:
         one_line(problem)
     assert (in_cluster is None) == (here is None)
-    assert [p for p in cluster if p.reason != UNSUPPORTED_HERE] == [p for p in local if p.reason != UNSUPPORTED_HERE]
-    assert {p.path for p in cluster + local if p.reason == UNSUPPORTED_HERE} <= SITE_FIELDS
+    assert [p for p in cluster if p.reason not in SITE_REASONS] == [p for p in local if p.reason not in SITE_REASONS]
+    assert {p.path for p in cluster + local if p.reason in SITE_REASONS} <= SITE_FIELDS
     # (b) the operator plans and renders what the cluster's verdict accepts
     if not cluster:
         assert in_cluster is not None
@@ -397,7 +400,8 @@ WANTED: dict[str, Callable[[dict[str, Any]], bool]] = {
     **{f"valid {scheme}:// here": (lambda d, scheme=scheme: not _verdicts(d)[1] and _scheme(d) == scheme)
        for scheme in ("hf", "file")},
     **{f"refused: {reason}": (lambda d, reason=reason: any(p.reason == reason for v in _verdicts(d) for p in v))
-       for reason in ("InvalidSpec", "InvalidName", "InvalidEngineArgs", "InvalidModelSource", UNSUPPORTED_HERE)},
+       for reason in ("InvalidSpec", "InvalidName", "InvalidEngineArgs", "InvalidModelSource", UNSUPPORTED_HERE,
+                      FAULT_INJECTION_DISABLED)},
 }
 
 

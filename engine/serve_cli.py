@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a Hugging Face style folder or a .gguf file")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="also serve GET /metrics (alone) on this port, on the same host; 0: only on --port (default: %(default)s)",
+    )
     parser.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
     parser.add_argument("--revision", help="the pinned model revision, shown in the /v1/models card")
@@ -146,6 +152,10 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     for dest in ("header_timeout", "body_timeout"):
         if not getattr(args, dest) > 0:
             raise FlagError(dest, f"--{dest.replace('_', '-')} must be > 0, got {getattr(args, dest)}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise FlagError("metrics_port", f"--metrics-port must be 0 (off) or a port, got {args.metrics_port}")
+    if args.metrics_port and args.metrics_port == args.port:
+        raise FlagError("metrics_port", f"--metrics-port must differ from --port, got {args.metrics_port} for both")
     if not args.shutdown_timeout >= 0:
         raise FlagError("shutdown_timeout", f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms")):
@@ -213,8 +223,8 @@ def freeze_start_up_objects() -> int:
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from folio.engine.server.app import build_app
-    from folio.engine.server.lifecycle import DrainingServer
+    from folio.engine.server.app import build_app, build_metrics_app
+    from folio.engine.server.lifecycle import DrainingServer, MetricsServer
     from folio.engine.server.read_timeouts import ReadTimeouts, uvicorn_protocol
     from folio.engine.server.serving import ServingConfig
 
@@ -250,6 +260,8 @@ def main(args: argparse.Namespace) -> int:
     if engine.parallel is not None:  # a lost rank fails the engine: readiness off, answers, exit 1
         async_engine = app.state.server.engine
         engine.parallel.attach(async_engine.fail_from_thread, async_engine.metrics.registry, served.served_model_name)
+    # uvicorn bounds idle keep-alive connections only: slow-loris clients are closed by this guard
+    http = uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout))
     uv_config = uvicorn.Config(
         app,
         host=args.host,
@@ -257,10 +269,22 @@ def main(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.log_level == "debug",
         timeout_graceful_shutdown=5,
-        # uvicorn bounds idle keep-alive connections only: slow-loris clients are closed by this guard
-        http=uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)),
+        http=http,
     )
-    server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout)
+    metrics = None
+    if args.metrics_port:
+        metrics_config = uvicorn.Config(
+            build_metrics_app(app.state.server.engine),
+            host=args.host,
+            port=args.metrics_port,
+            log_level=args.log_level,
+            access_log=args.log_level == "debug",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            http=http,
+        )
+        metrics = MetricsServer(metrics_config)
+    server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout, metrics)
     try:
         server.run()
     finally:

@@ -389,13 +389,14 @@ class AutoscalingSpec(Model):
 class NetworkPolicySpec(Model):
     enabled: bool = Field(
         default=True,
-        description="Render a NetworkPolicy that admits the engine pods' port only from this service's "
-        "routers, the operator and `metricsNamespaceLabels` (the engines have no authentication of their own).",
+        description="Render a NetworkPolicy that admits the engine pods' API port only from this service's "
+        "routers and the operator, and their metrics port only from the operator and `metricsNamespaceLabels` "
+        "(the engines have no authentication of their own).",
     )
     metrics_namespace_labels: dict[str, str] | None = Field(
         default=None,
-        description="Also admit pods in namespaces with these labels (Prometheus scraping the engines' /metrics, "
-        "e.g. {kubernetes.io/metadata.name: monitoring}).",
+        description="Also admit pods in namespaces with these labels to the engines' metrics port (Prometheus "
+        "scraping their /metrics, e.g. {kubernetes.io/metadata.name: monitoring}); never to their API port.",
     )
 
 

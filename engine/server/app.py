@@ -127,3 +127,15 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
         return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def build_metrics_app(async_engine: AsyncEngine) -> FastAPI:
+    """The app of `folio serve --metrics-port`: ``GET /metrics`` alone, the same text as the API's, so that a
+    NetworkPolicy can admit a Prometheus scraper to this port without admitting it to the API."""
+    app = FastAPI(title="folio engine metrics", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -9,13 +9,19 @@ event and ``[DONE]`` on a stream), never a plain-text 500 or a cut stream.
 
 An engine whose step loop has died cannot serve again: the server then answers what was in flight,
 stops and exits non-zero, so that its supervisor (`folio up`, or the kubelet) starts a fresh one.
+
+With `--metrics-port`, a second, small server (`MetricsServer`: /metrics only) runs in the same event loop:
+it starts before the API server listens and stops after the API server's drain, so a scraper sees the
+drain's figures to the end. Signals are the API server's alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
@@ -26,9 +32,42 @@ from folio.engine.server.async_engine import RequestAborted
 log = logging.getLogger("folio.server")
 
 
+class MetricsServer(uvicorn.Server):
+    """A uvicorn server run inside another's event loop and lifetime: `start` binds and serves, `stop`
+    closes; it leaves signal handling to the server that owns the loop."""
+
+    _ticker: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # the API server's handlers drain both
+
+    async def start(self) -> None:
+        """Binds and serves; raises SystemExit (as uvicorn does) when the port cannot be bound."""
+        if not self.config.loaded:
+            self.config.load()
+        self.lifespan = self.config.lifespan_class(self.config)
+        await self.startup()
+        self._ticker = asyncio.ensure_future(self.main_loop())
+
+    async def stop(self) -> None:
+        self.should_exit = True
+        if self._ticker is not None:
+            await self._ticker
+        if self.started:
+            await self.shutdown()
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServerState,
+        shutdown_timeout: float,
+        metrics: MetricsServer | None = None,
+    ) -> None:
         super().__init__(config)
+        self.metrics = metrics  # serves /metrics on a port of its own, for as long as this server runs
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.clean_drain: bool | None = None  # set once a drain ran: False if requests were cut short
@@ -40,6 +79,24 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.metrics is None:
+            await super().startup(sockets)
+            return
+        await self.metrics.start()
+        try:
+            await super().startup(sockets)
+        except BaseException:  # e.g. the API port was taken (SystemExit): close the metrics port too
+            await self.metrics.stop()
+            raise
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if self.metrics is not None:
+                await self.metrics.stop()
 
     async def on_tick(self, counter: int) -> bool:
         error = self.state.engine.error

@@ -131,8 +131,18 @@ def engine_capacity(children: Children, isvc: str, status: InferenceServiceStatu
         ready += up
         starting += max(0, int((deployment.get("spec") or {}).get("replicas") or 0) - up)
         pods = [p for p in children.pods_with(component_labels(isvc, "engine", rev.name)) if pod_ready(p)]
-        urls += [f"http://{pod_host(p)}:{ENGINE_PORT}/metrics" for p in pods if pod_host(p)]
+        urls += [f"http://{pod_host(p)}:{engine_metrics_port(p)}/metrics" for p in pods if pod_host(p)]
     return ready, starting, sorted(urls)
+
+
+def engine_metrics_port(pod: Obj) -> int:
+    """Where an engine pod serves /metrics: its `metrics` container port (`--metrics-port`), or the API port
+    for a pod started before engines had one."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == "metrics":
+                return int(p["containerPort"])
+    return ENGINE_PORT
 
 
 def pod_ready(pod: Obj) -> bool:

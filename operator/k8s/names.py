@@ -26,6 +26,7 @@ MANAGED_BY = "folio"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 ENGINE_PORT = 8000  # `folio serve` in an engine pod
+ENGINE_METRICS_PORT = 8001  # its /metrics alone (`--metrics-port`): the port a scraper is admitted to
 ROUTER_PORT = 8080  # `folio router` in a router pod
 ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{isvc}`, port 80
 

@@ -25,19 +25,30 @@ from folio.operator.spec import EngineArgValue, ModelSource
 ArgKind = Literal["int", "float", "str", "bool", "switch"]  # bool: --x/--no-x; switch: --x or nothing
 
 # Set by the operator from the spec and the cache layout; never from engine.args.
-OPERATOR_FLAGS = frozenset({"model", "digest", "servedModelName", "port", "host", "revision", "tokenizer"})
+OPERATOR_FLAGS = frozenset(
+    {"model", "digest", "servedModelName", "port", "metricsPort", "host", "revision", "tokenizer"}
+)
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                "switch": "true or false"}
 
 
 def serve_args(
-    model: ModelSource, flags: Sequence[str], *, weights: str, served_name: str, host: str, port: int
+    model: ModelSource,
+    flags: Sequence[str],
+    *,
+    weights: str,
+    served_name: str,
+    host: str,
+    port: int,
+    metrics_port: int | None = None,
 ) -> list[str]:
     """`folio serve`'s arguments for a revision pinned to ``model`` whose weights are at ``weights``;
-    ``flags`` are its `engine_flags`."""
+    ``flags`` are its `engine_flags`; ``metrics_port``: serve /metrics on that port too."""
     # One served name for every revision: clients must not notice which one answers.
     pinned = ["--model", weights, "--served-model-name", served_name, "--host", host, "--port", str(port)]
+    if metrics_port is not None:
+        pinned += ["--metrics-port", str(metrics_port)]
     if model.revision:
         pinned += ["--revision", model.revision]
     if model.digest:

@@ -1,10 +1,14 @@
 """The NetworkPolicy that keeps an InferenceService's engine pods private.
 
 Engines have no authentication of their own (the router holds the API keys), so a pod anywhere in
-the cluster could otherwise call them directly. `{isvc}-engine` admits traffic to the engine port
-only from this InferenceService's router pods, from the operator's pods (its namespace and labels,
-when it knows them) and, if `spec.networkPolicy.metricsNamespaceLabels` is set, from pods in
-namespaces with those labels (Prometheus scraping `/metrics`, which is served on the same port).
+the cluster could otherwise call them directly. `{isvc}-engine` has two ingress rules:
+
+- the engine (API) port admits only this InferenceService's router pods and the operator's pods
+  (its namespace and labels, when it knows them);
+- the metrics port (`folio serve --metrics-port`: `/metrics` alone) admits the operator's pods (the
+  autoscaler reads it) and, if `spec.networkPolicy.metricsNamespaceLabels` is set, pods in
+  namespaces with those labels (Prometheus), which thus never reach the API.
+
 Kubelet probes are node traffic, which NetworkPolicies do not filter on common CNIs.
 `spec.networkPolicy.enabled: false` drops it (then the executor prunes it).
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from folio.operator.k8s.names import ENGINE_PORT, component_labels, selector
+from folio.operator.k8s.names import ENGINE_METRICS_PORT, ENGINE_PORT, component_labels, selector
 from folio.operator.spec import InferenceServiceSpec
 
 Obj = dict[str, Any]
@@ -33,12 +37,17 @@ def engine_network_policy(
     settings = spec.network_policy
     if not settings.enabled:
         return None
-    peers: list[Obj] = [{"podSelector": {"matchLabels": selector(isvc, "router")}}]
+    operator: list[Obj] = []
     if operator_namespace and operator_labels:
-        peers.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
-                      "podSelector": {"matchLabels": dict(operator_labels)}})
+        operator.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
+                         "podSelector": {"matchLabels": dict(operator_labels)}})
+    api_peers: list[Obj] = [{"podSelector": {"matchLabels": selector(isvc, "router")}}, *operator]
+    metrics_peers: list[Obj] = list(operator)
     if settings.metrics_namespace_labels:
-        peers.append({"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}})
+        metrics_peers.append({"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}})
+    ingress = [{"from": api_peers, "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]}]
+    if metrics_peers:  # an empty `from` would admit everyone
+        ingress.append({"from": metrics_peers, "ports": [{"protocol": "TCP", "port": ENGINE_METRICS_PORT}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -47,11 +56,9 @@ def engine_network_policy(
             # every revision's engines: the selector holds no revision
             "podSelector": {"matchLabels": selector(isvc, "engine")},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]}],
+            "ingress": ingress,
         },
     }
-
-
 
 
 def policy_labels(isvc: str) -> dict[str, str]:

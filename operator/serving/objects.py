@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folio.operator.k8s.names import (
+    ENGINE_METRICS_PORT,
     ENGINE_PORT,
     OVERFLOW_KEY_DIR,
     OVERFLOW_KEY_FILE,
@@ -157,7 +158,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         "image": rev.image,
         "command": ["folio", "serve"],
         "args": rev.serve_args(),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": _engine_ports(rev),
         "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),  # N GPUs for N ranks
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
                          "failureThreshold": STARTUP_FAILURES, "timeoutSeconds": 5},
@@ -208,8 +209,18 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
     return deployment
 
 
+def _engine_ports(rev: RevisionPlan) -> list[Obj]:
+    """The API port `http` and, with `--metrics-port`, `metrics`: /metrics alone, for the autoscaler and
+    Prometheus (the NetworkPolicy admits scrapers to it and not to the API)."""
+    ports: list[Obj] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if rev.metrics_port is not None:
+        ports.append({"name": "metrics", "containerPort": rev.metrics_port, "protocol": "TCP"})
+    return ports
+
+
 def engine_service(owner: Owner, revision: str) -> Obj:
-    """Headless: the router balances over the revision's pod endpoints itself."""
+    """Headless: the router balances over the revision's pod endpoints itself (its `http` port); `metrics`
+    is there for a ServiceMonitor to select."""
     name = engine_name(owner.name, revision)
     return {
         "apiVersion": "v1",
@@ -218,7 +229,10 @@ def engine_service(owner: Owner, revision: str) -> Obj:
         "spec": {
             "clusterIP": "None",
             "selector": selector(owner.name, "engine", revision),
-            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": ENGINE_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
         },
     }
 

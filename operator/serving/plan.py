@@ -28,7 +28,7 @@ from pathlib import Path
 
 from folio.operator import prepull
 from folio.operator.autoscaling.share import revision_replicas
-from folio.operator.k8s.names import ENGINE_PORT
+from folio.operator.k8s.names import ENGINE_METRICS_PORT, ENGINE_PORT
 from folio.operator.serving import engine
 from folio.operator.serving.router import RoutedSpec, RouterConfig, router_config
 from folio.operator.spec import (
@@ -49,14 +49,17 @@ class Placement:
     weights_root: str
     host: str
     port: int | None  # the same for every engine (one pod each), or None: a port per replica
+    # /metrics on a port of its own (`--metrics-port`), so that a NetworkPolicy can admit a scraper to it
+    # and not to the API; None: /metrics on the API port only (a `folio up` replica has one port)
+    metrics_port: int | None = None
 
     @classmethod
     def cluster(cls) -> Placement:
-        return cls(weights_root=prepull.CACHE_MOUNT, host="0.0.0.0", port=ENGINE_PORT)
+        return cls(weights_root=prepull.CACHE_MOUNT, host="0.0.0.0", port=ENGINE_PORT, metrics_port=ENGINE_METRICS_PORT)
 
     @classmethod
     def this_machine(cls, cache_dir: Path) -> Placement:
-        return cls(weights_root=str(cache_dir), host="127.0.0.1", port=None)
+        return cls(weights_root=str(cache_dir), host="127.0.0.1", port=None, metrics_port=None)
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,14 @@ class RevisionPlan:
     served_name: str
     host: str
     port: int | None
+    metrics_port: int | None = None  # the placement's: `--metrics-port` when set
 
     def serve_args(self, port: int | None = None) -> list[str]:
         """The arguments of `folio serve` for one replica (``port``: where a `folio up` replica listens)."""
         listen = self.port if port is None else port
         assert listen is not None, "a per-replica placement needs the replica's port"
         return engine.serve_args(self.model, self.flags, weights=self.weights, served_name=self.served_name,
-                                 host=self.host, port=listen)
+                                 host=self.host, port=listen, metrics_port=self.metrics_port)
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ def plan(
             served_name=served_name,
             host=placement.host,
             port=placement.port,
+            metrics_port=placement.metrics_port,
         )
         for rev in status.revisions
         if rev.role in RUNNING_ROLES

@@ -33,3 +33,17 @@ def test_operator_tells_engines_its_pod_labels(rendered: dict[str, list[h.Obj]])
     pairs = dict(item.split("=", 1) for item in env["FOLIO_OPERATOR_POD_LABELS"]["value"].split(","))
     assert pairs and all(pod["metadata"]["labels"][k] == v for k, v in pairs.items())
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_engine_scrapes_go_to_the_metrics_port_the_engines_policy_opens(rendered: dict[str, list[h.Obj]]) -> None:
+    """The chart's engine ServiceMonitor selects the engine Services' `metrics` port: the one port of an engine
+    that the engines' NetworkPolicy opens to `metricsNamespaceLabels` (never the API port)."""
+    from folio.operator.serving.objects import engine_service
+    from folio.operator.serving.plan import Placement
+    from tests.serving.helpers import OWNER
+
+    monitor = next(m for m in h.find(rendered["observability"], "ServiceMonitor") if m["metadata"]["name"].endswith("-engines"))
+    (endpoint,) = monitor["spec"]["endpoints"]
+    ports = {p["name"]: p for p in engine_service(OWNER, "r1")["spec"]["ports"]}
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert ports[endpoint["port"]]["port"] == Placement.cluster().metrics_port == 8001

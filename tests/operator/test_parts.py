@@ -18,6 +18,7 @@ from folio.operator.controller.children import Children, Expectations, contains,
 from folio.operator.controller.executor import apply_one, apply_plan
 from folio.operator.controller.observe import (
     crash_looping,
+    engine_capacity,
     job_weights,
     overrides,
     ready_replicas,
@@ -90,6 +91,37 @@ def test_router_metrics_urls() -> None:
     assert router_metrics_urls(pods) == [
         "http://10.0.0.1:8080/metrics", "http://10.0.0.2:9090/metrics", "http://[fd00::1]:8080/metrics",
     ]
+
+
+def test_engine_capacity_scrapes_each_ready_engine_at_its_metrics_port() -> None:
+    """The autoscaler reads the engines' /metrics at the `metrics` port the planned pods declare (the
+    NetworkPolicy admits the operator there), and at the API port on a pod from before that port."""
+    import copy
+
+    from folio.operator.spec import InferenceServiceStatus
+    from tests.serving.helpers import make_spec, objects_by_key, revision
+
+    spec = make_spec()
+    rev = revision(spec)
+    planned = objects_by_key(spec, rev)
+    deployment = copy.deepcopy(planned[("Deployment", f"chat-{rev.name}")])
+    deployment["status"] = {"readyReplicas": 3}
+    template = deployment["spec"]["template"]
+
+    def pod(ip: str, ready: bool = True, old: bool = False) -> dict[str, Any]:
+        spec_ = copy.deepcopy(template["spec"])
+        if old:  # started by an operator whose engines had no metrics port
+            for c in spec_["containers"]:
+                c["ports"] = [p for p in c["ports"] if p["name"] != "metrics"]
+        ready_ = {"type": "Ready", "status": "True" if ready else "False"}
+        return {"metadata": {"labels": dict(template["metadata"]["labels"])}, "spec": spec_,
+                "status": {"podIP": ip, "phase": "Running", "conditions": [ready_]}}
+
+    children = Children({key(deployment): deployment},
+                        [pod("10.0.0.1"), pod("10.0.0.2", ready=False), pod("fd00::3"), pod("10.0.0.4", old=True)])
+    ready, _, urls = engine_capacity(children, "chat", InferenceServiceStatus(revisions=[rev]))
+    assert ready == 3
+    assert urls == ["http://10.0.0.1:8001/metrics", "http://10.0.0.4:8000/metrics", "http://[fd00::3]:8001/metrics"]
 
 
 # --------------------------------------------------------------------------- executor

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import Serve, start_serve, stop_serve
+from tests.server.conftest import Serve, free_port, start_serve, stop_serve
 
 CHAT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
 
@@ -136,6 +137,49 @@ def test_disconnect_frees_kv_blocks(tiny: Serve) -> None:
     while metric(tiny, "vllm:num_requests_running") or metric(tiny, "vllm:kv_cache_usage_perc") != idle:
         assert time.monotonic() < deadline, "blocks were not freed"
         time.sleep(0.05)
+
+
+VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+              "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds")
+
+
+def test_metrics_port_serves_metrics_alone(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> None:
+    """`--metrics-port`: /metrics (the API's text, vLLM names) on a port of its own, and nothing of the
+    API there; the API port keeps its /metrics; SIGTERM's drain stops both and exits 0."""
+    port = free_port()
+    serve = start_serve(folio_bin, tiny_llama, tmp_path, "--metrics-port", str(port))
+    metrics_url = f"http://127.0.0.1:{port}"
+    try:
+        out = serve.client().completions.create(model="m", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
+        assert out.usage is not None and out.usage.completion_tokens == 3
+        alone = httpx.get(f"{metrics_url}/metrics", timeout=10)
+        assert alone.status_code == 200 and alone.headers["content-type"].startswith("text/plain")
+        for name in VLLM_NAMES:
+            assert re.search(rf'^{re.escape(name)}(_count)?{{model_name="m"}} ', alone.text, re.M), name
+        # the same engine's figures: the tokens just generated
+        assert re.search(r'^vllm:generation_tokens_total\{model_name="m"\} 3\.0$', alone.text, re.M)
+        api = httpx.get(f"{serve.url}/metrics", timeout=10)
+        assert api.status_code == 200 and 'vllm:generation_tokens_total{model_name="m"} 3.0' in api.text
+        for path in ("/v1/models", "/health", "/ready", "/docs"):  # nothing of the API on the metrics port
+            assert httpx.get(f"{metrics_url}{path}", timeout=10).status_code == 404, path
+        assert httpx.post(f"{metrics_url}/v1/completions", json={"model": "m", "prompt": "hi"}).status_code in (404, 405)
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(30) == 0, serve.output()
+        assert "Traceback" not in serve.output()
+        with pytest.raises(httpx.TransportError):  # the metrics port closed with the server
+            httpx.get(f"{metrics_url}/metrics", timeout=5)
+    finally:
+        stop_serve(serve)
+
+
+def test_a_taken_metrics_port_fails_the_start(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> None:
+    """Like a taken API port: uvicorn logs why and the process exits non-zero (its startup failure code)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AssertionError, match=r"exited with [1-9](?s:.*)already in use"):
+            start_serve(folio_bin, tiny_llama, tmp_path, "--metrics-port", str(port))
 
 
 def test_sigterm_drains_in_flight_requests(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> None:

@@ -35,9 +35,11 @@ def test_engines_admit_only_their_routers_and_the_operator() -> None:
         assert _matches(policy["spec"]["podSelector"], engine["spec"]["template"]["metadata"]["labels"])
     router_pod = objs[("Deployment", "chat")]["spec"]["template"]["metadata"]["labels"]
     assert not _matches(policy["spec"]["podSelector"], router_pod)
-    (rule,) = policy["spec"]["ingress"]
+    rule, metrics_rule = policy["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
     router_peer, operator_peer = rule["from"]
+    # the metrics port (/metrics alone): the operator's autoscaler, and no router
+    assert metrics_rule == {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": 8001}]}
     assert set(router_peer) == {"podSelector"} and _matches(router_peer["podSelector"], router_pod)
     # another InferenceService's routers do not match
     assert not _matches(router_peer["podSelector"], {**router_pod, "app.kubernetes.io/instance": "other"})
@@ -47,12 +49,34 @@ def test_engines_admit_only_their_routers_and_the_operator() -> None:
     }
 
 
-def test_metrics_namespaces_opt_in_and_the_whole_policy_opts_out() -> None:
+def _ports_admitting(policy: dict, peer: dict) -> set[int]:
+    return {p["port"] for rule in policy["spec"]["ingress"] if peer in rule["from"] for p in rule["ports"]}
+
+
+def test_metrics_namespaces_reach_the_metrics_port_and_never_the_api() -> None:
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     spec = make_spec(networkPolicy={"metricsNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"}})
+    for settings in (OPERATOR, PlanSettings()):
+        policy = _planned(spec, settings, revision(spec))[("NetworkPolicy", "chat-engine")]
+        kubernetes_validate.validate(policy, "1.30", strict=True)
+        api, metrics = policy["spec"]["ingress"]
+        assert api["ports"] == [{"protocol": "TCP", "port": 8000}]
+        assert metrics["ports"] == [{"protocol": "TCP", "port": 8001}]
+        assert _ports_admitting(policy, monitoring) == {8001}  # the scraper never reaches the API
+        router = api["from"][0]
+        assert _ports_admitting(policy, router) == {8000}
+        operators = [p for p in api["from"] if "namespaceSelector" in p]
+        assert len(operators) == (1 if settings is OPERATOR else 0)  # only where the operator knows its pods
+        for operator in operators:
+            assert _ports_admitting(policy, operator) == {8000, 8001}
+
+
+def test_metrics_port_stays_closed_without_peers_and_the_whole_policy_opts_out() -> None:
+    spec = make_spec()
     policy = objects_by_key(spec, revision(spec))[("NetworkPolicy", "chat-engine")]
-    peers = policy["spec"]["ingress"][0]["from"]
-    assert peers[-1] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    assert len(peers) == 2  # no operator peer where the operator does not know its own pods
+    # no operator labels, no metrics namespaces: no rule for the metrics port (an empty `from` admits all)
+    (api,) = policy["spec"]["ingress"]
+    assert api["ports"] == [{"protocol": "TCP", "port": 8000}] and api["from"]
     off = make_spec(networkPolicy={"enabled": False})
     assert not [k for k in objects_by_key(off, revision(off)) if k[0] == "NetworkPolicy"]
 

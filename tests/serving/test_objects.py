@@ -64,11 +64,13 @@ def test_engine_deployment(spec: InferenceServiceSpec) -> None:
     assert c["command"] == ["folio", "serve"]
     assert c["args"] == [
         "--model", f"/weights/{rev}/SmolLM2-135M-Instruct", "--served-model-name", "chat",
-        "--host", "0.0.0.0", "--port", "8000", "--revision", COMMIT, "--digest", DIGEST,
+        "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "8001", "--revision", COMMIT, "--digest", DIGEST,
         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.8", "--max-model-len", "4096",
     ]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
-    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    # /metrics alone on a port of its own: the NetworkPolicy admits scrapers there and not to the API
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 8001, "protocol": "TCP"}]
     startup = c["startupProbe"]
     assert startup["httpGet"] == {"path": "/health", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60  # big models load slowly
@@ -96,7 +98,8 @@ def test_engine_service_is_headless(spec: InferenceServiceSpec) -> None:
     rev = revision_name(spec)
     svc = objects_by_key(spec, revision(spec))[("Service", f"chat-{rev}")]
     assert svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"},
+                                    {"name": "metrics", "port": 8001, "targetPort": "metrics", "protocol": "TCP"}]
     assert svc["spec"]["selector"]["serving.folio.dev/revision"] == rev
 
 

@@ -43,11 +43,14 @@ def test_the_cluster_and_this_machine_run_the_same_command_line_but_for_where() 
     pod_args, local_args = pod.serve_args(), local.serve_args(9123)
     assert pod_args == [
         "--model", f"/weights/{pod.name}/SmolLM2-135M-Instruct", "--served-model-name", "chat",
-        "--host", "0.0.0.0", "--port", "8000", "--revision", COMMIT, "--digest", DIGEST,
+        "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "8001", "--revision", COMMIT, "--digest", DIGEST,
         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.8", "--max-model-len", "4096",
     ]
+    # a `folio up` replica keeps one port: /metrics on its API port, no --metrics-port
+    assert "--metrics-port" not in local_args
+    shared = [a for i, a in enumerate(pod_args) if a != "--metrics-port" and pod_args[i - 1] != "--metrics-port"]
     where = {"--model": f"/state/cache/{pod.name}/SmolLM2-135M-Instruct", "--host": "127.0.0.1", "--port": "9123"}
-    assert local_args == [where.get(pod_args[i - 1], a) if i else a for i, a in enumerate(pod_args)]
+    assert local_args == [where.get(shared[i - 1], a) if i else a for i, a in enumerate(shared)]
     for args in (pod_args, local_args):
         serve_parser().parse_args(args)  # exits 2 on a flag `folio serve` does not know
     with pytest.raises(AssertionError):

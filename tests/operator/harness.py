@@ -15,11 +15,14 @@ import itertools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import jsonpatch
 import kmock
 import kopf
+import pytest
+import yaml
 
 from folio.operator.controller.handlers import configure, register
 from folio.operator.controller.reconcile import Context
@@ -256,3 +259,15 @@ async def serve_first_revision(cluster: Cluster, manifest: dict[str, Any]) -> st
 
     await eventually(ready, what="Ready=True")
     return rev
+
+
+def point_kubeconfig_at_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$KUBECONFIG names a cluster at a port nobody listens on: enough for a CLI to build its client."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "test", "user": {"token": "t"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }))  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))

@@ -10,7 +10,6 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 
 from folio.operator.controller import cli
 from folio.operator.serving.validate import CLUSTER, FAULT_INJECTION_DISABLED
@@ -21,6 +20,7 @@ from tests.operator.harness import (
     condition,
     eventually,
     isvc_manifest,
+    point_kubeconfig_at_nothing,
     rev_of,
     running_operator,
 )
@@ -82,14 +82,7 @@ def test_the_flag_makes_the_operators_site() -> None:
 @pytest.mark.parametrize(("argv", "allowed"), [((), False), (("--allow-fault-injection",), True)])
 def test_main_hands_the_site_to_the_context(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                             argv: tuple[str, ...], allowed: bool) -> None:
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "test", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-    }))  # fmt: skip
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    point_kubeconfig_at_nothing(tmp_path, monkeypatch)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     captured: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: captured.update(kwargs))

@@ -11,7 +11,6 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 
 from folio.operator.controller import cli as controller
 from folio.operator.controller.children import Children, Expectations, contains, key
@@ -26,6 +25,7 @@ from folio.operator.controller.observe import (
 )
 from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.merge_patch import merge_diff
+from tests.operator.harness import point_kubeconfig_at_nothing
 
 # ------------------------------------------------------------------------------ merge
 
@@ -260,14 +260,7 @@ def test_operator_command_line() -> None:
 
 
 def test_operator_main_wires_kopf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "test", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-    }))
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    point_kubeconfig_at_nothing(tmp_path, monkeypatch)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     captured: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: captured.update(kwargs))

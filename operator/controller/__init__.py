@@ -6,5 +6,7 @@
     children   an InferenceService's children and pods from kopf's indexes, and what this pass expects of them
     observe    the rollout's facts from those children (weights, ready replicas, crash loops)
     executor   server-side apply what the plan has and the cluster lacks, delete what it no longer has
+    discovery  which optional kinds (CRDs that may be absent) the cluster serves
+    watches    kopf's watched resources, extended when an optional kind's CRD arrives after the start
     metrics    the operator's own Prometheus metrics
 """

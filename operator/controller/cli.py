@@ -16,6 +16,12 @@ from folio.operator.spec import DEFAULT_IMAGE
 if TYPE_CHECKING:
     from folio.operator.serving.validate import Site
 
+# The peering object replicas use when `--peering` is not given (and only if kopf's CRD is served).
+AUTO_PEERING = "folio"
+# A killed active replica's heartbeat counts this long: the standby takes over within it (plus a pass).
+# kopf's default of 60 s would leave a canary unwatched for a minute; heartbeats then go every 1-5 s.
+PEERING_LIFETIME_S = 10
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
@@ -39,8 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--operator-pod-labels", default=os.environ.get("FOLIO_OPERATOR_POD_LABELS", ""),
                         metavar="K=V,...", help="labels of the operator's own pods, which the engines' "
                         "NetworkPolicies admit (with $POD_NAMESPACE; the chart sets both)")
-    parser.add_argument("--peering", default="folio",
-                        help="kopf peering name, so replicas run one at a time ('' to run standalone)")
+    parser.add_argument("--peering", default=None, metavar="NAME",
+                        help="kopf peering object that replicas elect the active one through; named, it is "
+                        "required: the replica waits, paused, until it sees no live peer of a higher priority. "
+                        f"'' runs standalone; unset, {AUTO_PEERING!r} is used if its CRD is served (else standalone)")
+    parser.add_argument("--peering-lifetime", type=int, default=PEERING_LIFETIME_S, metavar="SECONDS",
+                        help="how long a replica's heartbeat in the peering object counts: a standby takes "
+                        "over this long after the active replica's last one at the latest (each is renewed "
+                        "5-10 s before it runs out, at least 1 s apart; kopf's own default is 60)")
     parser.add_argument("--priority", type=int, default=None,
                         help="peering priority of this replica (default: random, so replicas of one "
                         "Deployment never tie; kopf pauses every peer of equal priority)")
@@ -51,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of each InferencePool's endpoint picker Service {name}-epp (0: no endpointPickerRef)")
     parser.add_argument("--allow-fault-injection", action="store_true",
                         help="accept InferenceServices that set the engine's fault-injection test aids "
-                        "(spec.engine.args faultErrorRate, faultLatencyMs, faultLogitNoise; refused by default)")
+                        "(spec.engine.args faultErrorRate, faultLatencyMs, faultLogitNoise, faultCrashAfterTokens; "
+                        "refused by default)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -79,7 +92,9 @@ def main(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from folio.operator.controller.handlers import configure, register
+    from folio.operator.controller.peering import check as check_peering
     from folio.operator.controller.reconcile import Context
+    from folio.operator.controller.watches import Watches
     from folio.operator.k8s.client import Kube
     from folio.operator.k8s.names import current_namespace
     from folio.operator.serving.objects import PlanSettings
@@ -87,7 +102,9 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     namespaces = args.namespace or ([] if args.all_namespaces else [current_namespace()])
-    settings = configure(kopf.OperatorSettings(), peering=args.peering or None, clusterwide=args.all_namespaces)
+    peering = AUTO_PEERING if args.peering is None else args.peering or None
+    settings = configure(kopf.OperatorSettings(), peering=peering, clusterwide=args.all_namespaces,
+                         peering_required=bool(args.peering), peering_lifetime=args.peering_lifetime)
     registry = register(kopf.OperatorRegistry())
     # kopf logs in as our own client does: the pod's service account, else the kubeconfig.
     kopf.on.login(registry=registry)(kopf.login_via_client)
@@ -101,13 +118,17 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"folio operator: {exc}", file=sys.stderr)
         return 2
+    if settings.peering.mandatory:  # a replica that would wait in vain for its peering object says so
+        kopf.on.startup(registry=registry)(check_peering(kube, settings.peering.name, namespaces or [None]))
     plan_settings = PlanSettings(image=args.image,
                                  cache_access_modes=tuple(args.cache_access_mode or ["ReadWriteMany"]),
                                  router_cluster_role=args.router_cluster_role,
                                  operator_namespace=os.environ.get("POD_NAMESPACE") or None,
                                  operator_labels=operator_labels,
                                  inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port)
-    ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds, site=site(args))
+    watches = Watches(registry, settings)
+    ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds, site=site(args),
+                  watches=watches)
     if args.metrics_port:
         start_http_server(args.metrics_port)
     options: dict[str, Any] = {"clusterwide": True} if args.all_namespaces else {"namespaces": namespaces}
@@ -115,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
         registry=registry,
         settings=settings,
         memo=kopf.Memo(ctx=ctx),
-        standalone=not args.peering,
+        insights=watches.insights,
+        standalone=peering is None,
         priority=args.priority if args.priority is not None else random.randint(1, 2**31 - 1),
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         **options,

@@ -12,7 +12,7 @@ A service that asks for none of them never looks (no discovery call, nothing in 
 of one it asks for is absent, kopf leaves the kind's index empty and an apply would fail every pass; instead the pass leaves such children out of the plan, keeps serving, and
 reports the gap in status (`rollout.Observed.unavailable`, then Degraded=True with the reason below and
 a Warning Event). The answer is kept for `TTL_S`, so a CRD installed later is picked up within it
-without one discovery call per pass.
+without one discovery call per pass (and `watches.Watches` has kopf watch the kind from then on).
 """
 
 from __future__ import annotations

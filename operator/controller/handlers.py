@@ -25,6 +25,7 @@ import kopf
 
 from folio.operator.controller import metrics
 from folio.operator.controller.children import INDEXED_KINDS, Children, Expectations, index_child, index_id
+from folio.operator.controller.cli import AUTO_PEERING, PEERING_LIFETIME_S
 from folio.operator.controller.executor import delete_all
 from folio.operator.controller.observe import overrides
 from folio.operator.controller.reconcile import Context, memo_part, reconcile
@@ -40,8 +41,9 @@ CLOCK_GRACE_S = 60.0
 
 
 def configure(settings: kopf.OperatorSettings, *, watch_timeout_s: float = 300.0,
-              peering: str | None = "folio", clusterwide: bool = False) -> kopf.OperatorSettings:
-    """kopf settings: our own finalizer and storage names, quiet event posting, bounded watches."""
+              peering: str | None = AUTO_PEERING, clusterwide: bool = False, peering_required: bool = False,
+              peering_lifetime: int = PEERING_LIFETIME_S) -> kopf.OperatorSettings:
+    """kopf settings: our own finalizer and storage names, quiet event posting, bounded watches, peering."""
     settings.persistence.finalizer = f"{DOMAIN}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -60,12 +62,17 @@ def configure(settings: kopf.OperatorSettings, *, watch_timeout_s: float = 300.0
     # more (its wait ending, a pass in flight finishing) would make the finalizer wait the whole
     # cancellation backoff (CLOCK_GRACE_S) for the next look. Wait for it a moment instead.
     settings.background.instant_exit_timeout = 2.0
-    # Namespaced operators must not list namespaces or watch CRDs cluster-wide: their Role has neither.
-    settings.scanning.disabled = not clusterwide
+    # Neither mode lists namespaces or watches CRDs cluster-wide (the chart grants neither): kopf takes
+    # the namespaces as given, and a CRD installed after the start is handed to it by `watches.Watches`.
+    settings.scanning.disabled = True
     if peering:  # two operator replicas: one is active, the other waits (needs kopf's peering CRDs)
         settings.peering.name = peering
-        settings.peering.mandatory = False
+        # Required (a name was given): a replica starts paused and acts only once the peering object shows
+        # no live peer above it, so a standby never acts between its start and its first look. Not
+        # required, kopf starts unpaused and runs standalone where the peering CRD is not served.
+        settings.peering.mandatory = peering_required
         settings.peering.clusterwide = clusterwide
+        settings.peering.lifetime = peering_lifetime
     return settings
 
 

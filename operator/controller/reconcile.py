@@ -23,6 +23,7 @@ from folio.operator.controller import metrics
 from folio.operator.controller.children import Children, Expectations
 from folio.operator.controller.discovery import Discovery
 from folio.operator.controller.runtime import ClusterRuntime, Isvc, call
+from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.names import engine_service_url
 from folio.operator.reconcile import Memory, Target, run_pass
@@ -73,6 +74,9 @@ class Context:
     replica_url: Callable[[str, str, str], str] = field(default=engine_service_url)
     # which optional kinds (CRDs that may be absent) the cluster serves; made from `kube` when not given
     discovery: Discovery | None = None
+    # which resources kopf watches: a kind whose CRD came after the start is handed to kopf to watch
+    # (None: only what kopf found at its start is watched)
+    watches: Watches | None = None
     # the validation rules of where specs run: a cluster's, with fault injection allowed by
     # `folio operator --allow-fault-injection` (`dataclasses.replace(CLUSTER, fault_injection=True)`)
     site: Site = CLUSTER
@@ -125,7 +129,7 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     children = expect.view(Children.from_indexes(indexes, isvc.namespace, isvc.name))
     assert ctx.discovery is not None
     runtime = ClusterRuntime(ctx.kube, isvc, children, expect, ctx.plan_settings, ctx.discovery, ctx.replica_url,
-                             body, logger, site=ctx.site)
+                             body, logger, site=ctx.site, watches=ctx.watches)
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
     outcome = await run_pass(runtime, memo_part(memo, "pass", lambda: Memory(isvc.name)), target)

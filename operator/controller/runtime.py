@@ -26,6 +26,7 @@ from folio.operator.controller.observe import (
     observe,
     router_metrics_urls,
 )
+from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import Kube
 from folio.operator.k8s.merge_patch import merge_diff
 from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_annotation
@@ -101,6 +102,7 @@ class ClusterRuntime:
     body: kopf.Body
     logger: logging.Logger
     site: Site = CLUSTER  # the operator's (`Context.site`): `--allow-fault-injection` changes it
+    watches: Watches | None = None  # kopf's watched resources (`Context.watches`)
     # the optional kinds asked for that the cluster does not serve (set by `observe`)
     missing: tuple[tuple[str, str], ...] = ()
 
@@ -113,8 +115,11 @@ class ClusterRuntime:
 
     async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
         observed = observe(self.children, self.isvc.name, spec, status, self.isvc.annotations, now)
-        missing = await call(self.discovery.unavailable, asked_for(spec, self.settings))
+        asked = asked_for(spec, self.settings)
+        missing = await call(self.discovery.unavailable, asked)
         self.missing = tuple(missing)
+        if self.watches is not None:  # a CRD installed after the start: kopf watches the kind from now on
+            await self.watches.ensure([kind for kind in asked if kind not in missing], self.logger)
         if not missing:
             return observed
         return Observed(observed.now, observed.revisions, overrides=observed.overrides,

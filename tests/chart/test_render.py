@@ -93,6 +93,8 @@ def test_operator_args_are_accepted_by_folio_operator(rendered: dict[str, list[h
     assert (everywhere.namespace, everywhere.all_namespaces, everywhere.peering) == ([], True, "")
     assert (parsed("peering-namespaced").namespace, parsed("peering-namespaced").peering) == (["models"], "folio")
     assert (parsed("peering-cluster").all_namespaces, parsed("peering-cluster").peering) == (True, "folio-ha")
+    # two replicas heartbeat with a short lifetime, so that a standby takes over within seconds
+    assert parsed("peering-namespaced").peering_lifetime == parsed("peering-cluster").peering_lifetime == 10
     assert parsed("observability").verbose is True  # from extraArgs
     assert (defaults.inference_pool, defaults.endpoint_picker_port) == (False, 9002)
     assert (parsed("observability").inference_pool, parsed("observability").endpoint_picker_port) == (True, 9100)
@@ -145,7 +147,7 @@ def test_bring_your_own_skips_crd_rbac_and_account(rendered: dict[str, list[h.Ob
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"operator": {"replicas": 2}}, "needs operator.peering.enabled=true"),
+        ({"operator": {"replicas": 2, "peering": {"enabled": False}}}, "needs operator.peering"),
         ({"operator": {"allNamespaces": True, "watchNamespace": "x"}}, "only used when operator.allNamespaces is false"),
         # values.schema.json: a misspelt key or a wrong type is an error, not a silent default
         ({"operator": {"replica": 2}}, "additional properties 'replica' not allowed"),

@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +30,7 @@ import yaml
 
 from folio.operator.controller.handlers import configure, register
 from folio.operator.controller.reconcile import Context
+from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import ApiError, Kube
 from folio.operator.k8s.names import MANAGED_KINDS, PLURALS, base_labels
 from folio.operator.serving.objects import PlanSettings
@@ -197,6 +202,7 @@ async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = R
     # kmock cannot serve the cluster-wide /api/v1/namespaces list; with scanning off, kopf takes
     # the namespace names as given (it still needs the namespaces resource to be discoverable).
     settings.scanning.disabled = True
+    watches = context.setdefault("watches", Watches(registry, settings))  # as `folio operator` shares it
     ctx = Context(kube=Kube.for_url(str(server.url)), plan_settings=PlanSettings(image="folio:test"),
                   resync_s=resync_s, **context)
     stop = threading.Event()
@@ -206,6 +212,7 @@ async def running_operator(server: kmock.KubernetesEmulator, resync_s: float = R
         try:
             asyncio.run(kopf.operator(
                 registry=registry, settings=settings, memo=kopf.Memo(ctx=ctx), standalone=True,
+                insights=watches.insights,
                 namespaces=[NAMESPACE], stop_flag=stop,
             ))
         except BaseException as exc:  # surfaced in the test below
@@ -271,3 +278,89 @@ def point_kubeconfig_at_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
     }))  # fmt: skip
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+
+
+# --------------------------------------------------------------------- operator processes (HA)
+
+PEERING = "folio"
+
+
+def declare_peering(server: kmock.KubernetesEmulator, name: str = PEERING) -> None:
+    """kopf's namespaced peering CRD (the chart's crds/kopf-peering.yaml: no status subresource) and the
+    peering object the replicas heartbeat into (the chart's templates/peering.yaml)."""
+    server.resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
+        kind="KopfPeering", namespaced=True, verbs={"get", "list", "watch", "patch", "create"},
+    )
+    server.objects["kopf.dev/v1/kopfpeerings", NAMESPACE, name] = {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+        "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": _next_version()},
+    }  # fmt: skip
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for a `folio operator` process: the emulator, plain HTTP, no credentials."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": url.rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))  # fmt: skip
+    return path
+
+
+class OperatorProcess:
+    """`folio operator` as the chart runs it, in a process of its own against the emulator.
+
+    Its log goes to a file (read by `log`); `kill` is SIGKILL (no goodbye in the peering object), `stop`
+    asks it to stop and kills it if it does not. Ports: none (metrics and health endpoints off).
+    """
+
+    def __init__(self, name: str, kubeconfig: Path, log_dir: Path, *args: str) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        env.update(KUBECONFIG=str(kubeconfig), POD_ID=name, PYTHONUNBUFFERED="1")
+        command = [sys.executable, "-m", "folio.operator", "operator", "-n", NAMESPACE, "--image", "folio:test",
+                   "--metrics-port", "0", "--health-port", "0", *args]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class Replicas:
+    """`folio operator` processes against one emulator, started one by one (`start`)."""
+
+    def __init__(self, server: kmock.KubernetesEmulator, tmp_path: Path) -> None:
+        self.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
+        self.log_dir = tmp_path
+        self.started: list[OperatorProcess] = []
+
+    def start(self, name: str, *args: str) -> OperatorProcess:
+        self.started.append(OperatorProcess(name, self.kubeconfig, self.log_dir, *args))
+        return self.started[-1]
+
+
+@contextlib.asynccontextmanager
+async def operator_processes(server: kmock.KubernetesEmulator, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Start `folio operator` processes with the `Replicas` given; every one is gone on exit."""
+    replicas = Replicas(server, tmp_path)
+    try:
+        yield replicas
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in replicas.started))

@@ -60,10 +60,17 @@ app.kubernetes.io/component: operator
 {{- default .Release.Namespace .Values.operator.watchNamespace }}
 {{- end }}
 
+{{/* "true" when the replicas elect an active one through kopf's peering: as asked, else when there are several. */}}
+{{- define "folio.peering" -}}
+{{- if kindIs "invalid" .Values.operator.peering.enabled }}
+{{- if gt (int .Values.operator.replicas) 1 }}true{{ end }}
+{{- else if .Values.operator.peering.enabled }}true{{ end }}
+{{- end }}
+
 {{/* Refuse values that cannot work, at render time rather than as a broken rollout. */}}
 {{- define "folio.validate" -}}
-{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.peering.enabled) }}
-{{- fail "operator.replicas > 1 needs operator.peering.enabled=true: without peering every replica would reconcile at once" }}
+{{- if and (gt (int .Values.operator.replicas) 1) (not (include "folio.peering" .)) }}
+{{- fail "operator.replicas > 1 needs operator.peering (leave operator.peering.enabled empty or true): without peering every replica would reconcile at once" }}
 {{- end }}
 {{- if and .Values.operator.allNamespaces .Values.operator.watchNamespace }}
 {{- fail "operator.watchNamespace is only used when operator.allNamespaces is false; set one or the other" }}

@@ -14,6 +14,12 @@ The last three change only the paced latency phase's client, to tell apart what 
 measures: another HTTP client library (httpx, pure Python), a new TCP connection per request instead of
 reused ones, and a request body of realistic size (the router parses every body as JSON and, with
 PrefixHash, reads its affinity key).
+
+The last phase (alone with `--migration-only`) prices answer migration (issue 50) when nothing fails:
+two `folio router` processes, one with ``migration.maxAttempts`` 0 and one with the default, in front of
+one fake engine (its own process) that writes a ``folio-resume`` record before every event when asked (as
+the engine does), relaying streamed completions of `--stream-tokens` events, the two in turn; it prints the
+time per request, each router's own CPU per request, and the ratios.
 """
 
 from __future__ import annotations
@@ -205,6 +211,108 @@ async def measure(args: argparse.Namespace, direct: str, routed: str) -> int:
     return 0
 
 
+# ------------------------------------------------------------------- migration off vs on (issue 50)
+
+
+def run_stream_upstream(port: int, tokens: int) -> None:
+    """A fake engine that streams ``tokens`` completion events back to back, each with its ``folio-resume``
+    record when the request asks for them (as `folio serve` does): the events are written out once, so its
+    own cost is the same either way and, in its own process, not the router's."""
+    from aiohttp import web
+
+    from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER, Record
+
+    plain: list[bytes] = []
+    recorded: list[bytes] = []
+    for i in range(tokens):
+        finish = b'"length"' if i == tokens - 1 else b"null"
+        data = (b'data: {"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m",'
+                b'"choices":[{"index":0,"text":" tok%d","logprobs":null,"finish_reason":%s}]}\n\n' % (i, finish))
+        plain.append(data)
+        line = Record(index=0, token_ids=(1000 + i,), finish_reason="length" if i == tokens - 1 else None).line()
+        recorded.append(line.encode() + data)
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resumable = request.headers.get(RESUMABLE_HEADER) == "1"
+        headers = {"Content-Type": "text/event-stream"}
+        if resumable:
+            headers |= {RESUMABLE_HEADER: "1", RESPONSE_ID_HEADER: "cmpl-1", CREATED_HEADER: "1700000000"}
+        resp = web.StreamResponse(headers=headers)
+        await resp.prepare(request)
+        for event in recorded if resumable else plain:
+            await resp.write(event)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+async def migration_overhead(args: argparse.Namespace) -> None:
+    """Streamed completions through two `folio router` processes in front of one fake engine (each its own
+    process), migration off (``maxAttempts: 0``) and on (the default), in turn: time per request, and each
+    router's own CPU per request."""
+    folio = str(Path(sys.executable).with_name("folio"))
+    up_port = free_port()
+    ports = {"off": free_port(), "on": free_port()}
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [subprocess.Popen([sys.executable, __file__, "--stream-upstream", str(up_port),
+                                   "--stream-tokens", str(args.stream_tokens)])]  # fmt: skip
+        for name, attempts in (("off", 0), ("on", 3)):
+            config = Path(tmp) / f"{name}.json"
+            config.write_text(json.dumps({"traffic": [{"revision": "r1", "weight": 100}], "stable": "r1",
+                                          "endpoints": {"r1": [f"http://127.0.0.1:{up_port}"]},
+                                          "migration": {"maxAttempts": attempts}}))  # fmt: skip
+            procs.append(subprocess.Popen([folio, "router", "--name", "bench", "--port", str(ports[name]),
+                                           "--config", str(config), "--log-level", "warning"]))  # fmt: skip
+        routers = {name: psutil.Process(proc.pid) for name, proc in zip(("off", "on"), procs[1:], strict=True)}
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": args.stream_tokens, "stream": True}).encode()
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                for url in urls.values():
+                    await wait_ready(session, url + "/ready", procs)
+
+                async def one_stream(url: str) -> float:
+                    started = time.perf_counter()
+                    async with session.post(url + "/v1/completions", data=body, headers=HEADERS) as resp:
+                        received = await resp.read()
+                    if not received.endswith(b"data: [DONE]\n\n") or b"folio-resume" in received:
+                        raise RuntimeError(f"{url} relayed a broken stream")
+                    return time.perf_counter() - started
+
+                async def block(name: str, n: int) -> tuple[list[float], float]:
+                    before = routers[name].cpu_times()
+                    times = [await one_stream(urls[name]) for _ in range(n)]
+                    after = routers[name].cpu_times()
+                    return times, (after.user + after.system - before.user - before.system) / n
+
+                for name in urls:  # warm both up
+                    await block(name, 50)
+                results: dict[str, tuple[list[float], list[float]]] = {"off": ([], []), "on": ([], [])}
+                for _ in range(args.migration_rounds):  # short blocks in turn: noise falls on both alike
+                    for name in ("off", "on"):
+                        times, cpu = await block(name, 50)
+                        results[name][0].extend(times)
+                        results[name][1].append(cpu)
+        finally:
+            stop(procs, timeout=15)
+    print(f"migration off vs on: streamed completions of {args.stream_tokens} events, {len(results['off'][0])} "
+          "requests each (router, fake engine, client: three processes)")
+    for name, (times, cpus) in results.items():
+        print(f"  migration {name:3s}  p50 {ms(pct(times, 0.5))}   p99 {ms(pct(times, 0.99))}   "
+              f"router CPU per request {sum(cpus) / len(cpus) * 1e6:6.0f} us")
+    (off_t, off_c), (on_t, on_c) = results["off"], results["on"]
+    print(f"  ratio on/off: p50 {pct(on_t, 0.5) / pct(off_t, 0.5):.2f}x  p99 {pct(on_t, 0.99) / pct(off_t, 0.99):.2f}x"
+          f"  router CPU {sum(on_c) / sum(off_c):.2f}x")
+
+
 def latency_client(args: argparse.Namespace) -> aiohttp.ClientSession | httpx.AsyncClient:
     if args.client == "httpx":
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0 if args.new_connections else None)
@@ -224,8 +332,18 @@ def main() -> int:
     parser.add_argument("--new-connections", action="store_true", help="latency phase: no keep-alive")
     parser.add_argument("--body-bytes", type=int, default=0, help="pad the latency phase's prompt to this size")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput and streaming phases")
+    parser.add_argument("--migration-only", action="store_true", help="only the migration off-vs-on phase")
+    parser.add_argument("--stream-tokens", type=int, default=64, help="migration phase: events per stream")
+    parser.add_argument("--migration-rounds", type=int, default=20, help="migration phase: 50-request blocks each")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the fake engine
+    parser.add_argument("--stream-upstream", type=int, help=argparse.SUPPRESS)  # internal: the streaming one
     args = parser.parse_args()
+    if args.stream_upstream:
+        run_stream_upstream(args.stream_upstream, args.stream_tokens)
+        return 0
+    if args.migration_only:
+        asyncio.run(migration_overhead(args))
+        return 0
     if args.body_bytes:
         base = len(COMPLETION) - len("hello")
         words = ("Summarize the attached support ticket and cite the policy section. " * 200)[: max(0, args.body_bytes - base)]
@@ -262,9 +380,12 @@ def main() -> int:
         ]
         args.router_pid = args.procs[1].pid
         try:
-            return asyncio.run(measure(args, direct, f"http://127.0.0.1:{router_port}"))
+            code = asyncio.run(measure(args, direct, f"http://127.0.0.1:{router_port}"))
         finally:
             stop(args.procs, timeout=15)
+    if not args.latency_only:
+        asyncio.run(migration_overhead(args))
+    return code
 
 
 if __name__ == "__main__":

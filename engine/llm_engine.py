@@ -23,6 +23,7 @@ from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.prompt_logits import LogitNoise
+from folio.engine.resume import Replay, max_total_tokens, replay
 from folio.engine.sampler import SampleResult
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
@@ -168,12 +169,28 @@ class LLMEngine:
 
     # --- requests ---------------------------------------------------------------------------------------
 
+    def replay(self, prompt_token_ids: list[int], params: SamplingParams, token_ids: list[int]) -> Replay:
+        """The state after output tokens a client already has, for `add_request`'s ``resume``
+        (`folio.engine.resume.replay` with this engine's tokenizer, end-of-sequence tokens and context)."""
+        if token_ids:
+            rules.check_prompt_ids(token_ids, self.model_config.vocab_size, param="folio_resume")
+        return replay(
+            self.tokenizer, prompt_token_ids, params, token_ids,
+            eos_token_ids=self.eos_token_ids, max_model_len=self.model_config.max_model_len,
+        )  # fmt: skip
+
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        group: str | None = None,
+        resume: Replay | None = None,
     ) -> None:
         """Validate and queue a request; raises `RuleError` (a ValueError, queueing nothing) on bad input, with
         the words the HTTP API uses (`folio.engine.rules`). ``group`` names the client request it is one
-        sequence of (the scheduler queues groups fairly); default: its own."""
+        sequence of (the scheduler queues groups fairly); default: its own. ``resume`` continues it after
+        output tokens already handed out (`replay` of them): same parameters, ``max_tokens`` counting them."""
         # Only a caller inside Folio can break these (LLM and the server fan n out and number sequences).
         assert request_id not in self._seqs, f"request id {request_id!r} is already in use"
         assert isinstance(params, SamplingParams), f"params must be SamplingParams, got {type(params).__name__}"
@@ -184,7 +201,9 @@ class LLMEngine:
         max_len = self.model_config.max_model_len
         # max_tokens is cut to what the context has left (vLLM's offline behaviour): one token must fit
         rules.check_context(len(token_ids), 1, max_len)
-        max_total = min(len(token_ids) + params.max_tokens, max_len)
+        max_total = max_total_tokens(len(token_ids), params.max_tokens, max_len)
+        if resume is not None:
+            _check_resume(resume)
         blocks = self.block_manager.blocks_needed(max_total)
         if blocks > self.block_manager.num_blocks:
             capacity = self.block_manager.num_blocks * self.block_manager.block_size
@@ -200,6 +219,11 @@ class LLMEngine:
             seq.generator = torch.Generator(device=self.device)
             seq.generator.manual_seed(params.seed)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        if resume is not None:
+            seq.resume(resume)
+            if seq.generator is not None and not params.greedy:
+                for _ in resume.token_ids:  # the one draw per sampled token of `Sampler._sample`
+                    torch.rand(1, generator=seq.generator, device=self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -256,6 +280,15 @@ class LLMEngine:
         """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""
         if self.parallel is not None:
             self.parallel.close()
+
+
+def _check_resume(resume: Replay) -> None:
+    """A continuation must be one the run could have gone on from (the replay ran its tokens to the limits)."""
+    if resume.finish is not None:
+        raise rules.RuleError(
+            f"folio_resume: the tokens already end the choice ({resume.finish[0]}); no room is left to continue",
+            param="folio_resume",
+        )
 
 
 def _resolve_device(device: str) -> torch.device:

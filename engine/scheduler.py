@@ -146,7 +146,7 @@ class Scheduler:
             assert seq.num_computed_tokens == len(seq), "sampled before its last token was computed"
             seq.append_token(result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
             try:
-                done = _check_stop(seq, result.token_ids[i])
+                done = check_stop(seq, result.token_ids[i])
             except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
                 self.fail([seq], exc)
                 continue
@@ -181,9 +181,10 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
 
-def _check_stop(seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
+def check_stop(seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
     """Whether ``token``, just appended, ends ``seq``: (finish reason, stop reason), or None to go on.
-    A stop or end-of-sequence token adds no text; any other token is detokenized first."""
+    A stop or end-of-sequence token adds no text; any other token is detokenized first. (`folio.engine.resume`
+    replays a continuation's tokens through it, so that they end, or not, as they did.)"""
     params = seq.params
     if token in params.stop_token_ids:  # type: ignore[operator]
         return "stop", token

@@ -14,6 +14,7 @@ from folio.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from folio.engine.resume import Replay
     from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
 
@@ -86,6 +87,17 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def resume(self, replay: Replay) -> None:
+        """Continue after output tokens a client already has (`folio.engine.resume`): they count as generated
+        and sent, and the text state is the replay's. Their logprobs are the client's; ``cumulative_logprob``
+        counts only the tokens generated here."""
+        assert self.status is SequenceStatus.WAITING and self.num_output_tokens == 0, "resume a new sequence"
+        assert not replay.finished, "a finished choice is not run again"
+        assert replay.prompt_token_ids == self.prompt_token_ids, "replayed after another prompt"
+        self.token_ids += replay.token_ids
+        self.num_sent_tokens = len(self.token_ids)
+        self.detokenizer, self.text = replay.detokenizer, replay.text
 
     def append_token(self, token: int, logprob: float, top: dict[int, float] | None, now: float) -> None:
         self.token_ids.append(token)

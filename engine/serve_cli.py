@@ -119,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     faults.add_argument("--fault-latency-ms", type=float, default=0.0, help="delay each API request by N ms")
     faults.add_argument(
+        "--fault-crash-after-tokens", type=int, default=0, metavar="N",
+        help="kill this process with SIGKILL once it has generated N tokens, mid-answer (0: never)",
+    )  # fmt: skip
+    faults.add_argument(
         "--fault-logit-noise",
         type=float,
         default=0.0,
@@ -158,12 +162,14 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
         raise FlagError("metrics_port", f"--metrics-port must differ from --port, got {args.metrics_port} for both")
     if not args.shutdown_timeout >= 0:
         raise FlagError("shutdown_timeout", f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms")):
+    for dest, field in (("fault_error_rate", "error_rate"), ("fault_latency_ms", "latency_ms"),
+                        ("fault_crash_after_tokens", "crash_after_tokens")):
         try:
             Faults(**{field: getattr(args, dest)})
         except ValueError as exc:
             raise FlagError(dest, str(exc)) from exc
-    faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms)
+    faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms,
+                    crash_after_tokens=args.fault_crash_after_tokens)
     try:
         config = EngineConfig(
             model=args.model,

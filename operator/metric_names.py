@@ -49,3 +49,14 @@ def is_error(code: str) -> bool:
 HELD = "folio_router_held_requests"
 HELD_TOTAL = "folio_router_holds_total"
 OUTCOME = "outcome"  # served | timeout | full | gone
+# Answers continued on another replica after theirs failed mid-answer (operator/router/migration.py), by the
+# revision that failed, why and how it ended; and the gap the client saw at the seam.
+MIGRATIONS = "folio_router_migrations_total"
+MIGRATION_GAP = "folio_router_migration_gap_seconds"
+REASON = "reason"
+MIGRATION_RESET = "reset"  # the connection broke, or the answer ended before its end
+MIGRATION_TIMEOUT = "timeout"  # silent past the inter-chunk timeout
+MIGRATION_ENGINE_ERROR = "engine_error"  # the engine said it could not finish (a `failed` record)
+MIGRATION_CONTINUED = "continued"
+MIGRATION_FAILED = "failed"  # attempts exhausted, or an answer that cannot be continued
+MIGRATION_NO_REPLICA = "no_replica"

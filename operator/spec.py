@@ -210,12 +210,33 @@ class LoadBalancingSpec(Model):
     )  # fmt: skip
 
 
+class MigrationSpec(Model):
+    """Continuing an answer whose replica fails after its first byte on another replica
+    (the router's `folio.operator.router.migration`): the client sees one unbroken answer."""
+
+    max_attempts: int = Field(
+        default=3, ge=0, le=10,
+        description="Continuations of one request at most; 0 turns migration off (a broken event stream then "
+        "ends with an error event).",
+    )  # fmt: skip
+    inter_chunk_timeout: PositiveDuration = Field(
+        default="30s",
+        description="With migration on, an answer silent this long after its first byte (or its attempt timeout, "
+        "when shorter) has stalled, and is continued elsewhere.",
+    )
+
+    @property
+    def inter_chunk_timeout_seconds(self) -> float:
+        return parse_duration(self.inter_chunk_timeout)
+
+
 class RouterSpec(Model):
     replicas: int = Field(default=2, ge=0, le=MAX_ROUTER_REPLICAS)
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     outlier_detection: OutlierDetectionSpec = Field(default_factory=OutlierDetectionSpec)
     load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    migration: MigrationSpec = Field(default_factory=MigrationSpec)
     inference_pool: bool | None = Field(
         default=None,
         description="Also publish a Gateway API inference-extension InferencePool "

@@ -141,3 +141,16 @@ def test_router_load_balancing_defaults_and_bounds() -> None:
     for bad in ({"strategy": "Random"}, {"prefixCharLength": 0}, {"meanLoadFactor": 0.9}):
         with pytest.raises(ValidationError):
             RouterSpec.model_validate({"loadBalancing": bad})
+
+
+def test_router_migration_defaults_and_bounds() -> None:
+    from folio.operator.spec import RouterSpec
+
+    migration = RouterSpec().migration
+    assert (migration.max_attempts, migration.inter_chunk_timeout_seconds) == (3, 30.0)
+    on = RouterSpec.model_validate({"migration": {"maxAttempts": 0, "interChunkTimeout": "250ms"}}).migration
+    assert (on.max_attempts, on.inter_chunk_timeout_seconds) == (0, 0.25)
+    for bad in ({"maxAttempts": -1}, {"maxAttempts": 11}, {"interChunkTimeout": "0s"}, {"interChunkTimeout": "soon"},
+                {"attempts": 2}):
+        with pytest.raises(ValidationError):
+            RouterSpec.model_validate({"migration": bad})

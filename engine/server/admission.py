@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from folio.engine.outputs import RequestOutput
 from folio.engine.server.async_engine import AsyncEngine, RequestAborted
 from folio.engine.server.errors import OpenAIError, unavailable
 from folio.engine.server.openai_errors import ErrorCode
@@ -26,6 +30,8 @@ class Faults:
 
     error_rate: float = 0.0  # fraction of API requests answered with a 500
     latency_ms: float = 0.0  # added before each API request is handled
+    # the process kills itself (SIGKILL, as the OOM killer does) once it has generated this many tokens; 0: never
+    crash_after_tokens: int = 0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -33,6 +39,26 @@ class Faults:
             raise ValueError(f"fault error rate must be in [0, 1], got {self.error_rate}")
         if self.latency_ms < 0:
             raise ValueError(f"fault latency must be >= 0 ms, got {self.latency_ms}")
+        if self.crash_after_tokens < 0:
+            raise ValueError(f"fault crash-after-tokens must be >= 0, got {self.crash_after_tokens}")
+
+
+def crash_after(tokens: int) -> Callable[[list[RequestOutput]], None]:
+    """``--fault-crash-after-tokens``: an observer of the engine's step outputs that kills this process with
+    SIGKILL (nothing runs after it, as after an OOM kill) at the step that brings the tokens it has generated,
+    all requests together, to ``tokens``: before that step's outputs reach any client, in the middle of
+    whatever it was answering."""
+    assert tokens > 0
+    generated = 0
+
+    def observe(outputs: list[RequestOutput]) -> None:
+        nonlocal generated
+        generated += sum(len(out.outputs[0].token_ids) for out in outputs if out.outputs)
+        if generated >= tokens:
+            log.critical("injected fault: crashing after %d generated tokens (--fault-crash-after-tokens)", generated)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return observe
 
 
 @dataclass

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from folio.engine.server.admission import AdmissionMiddleware, Faults, ServerState
+from folio.engine.server.admission import AdmissionMiddleware, Faults, ServerState, crash_after
 from folio.engine.server.async_engine import AsyncEngine, EngineCore
 from folio.engine.server.body_limit import BodyLimitMiddleware
 from folio.engine.server.chat import create_chat_completion
@@ -51,9 +51,11 @@ def folio_version() -> str:
 def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None = None) -> FastAPI:
     """The app serving ``engine``. Its engine thread runs for the app's lifespan; ``app.state.server``
     is the ServerState (drain, in-flight count) that the process's signal handling drives."""
-    async_engine = AsyncEngine(engine, lambda stats: ServerMetrics(config.served_model_name, stats))
+    faults = faults or Faults()
+    crash = crash_after(faults.crash_after_tokens) if faults.crash_after_tokens else None
+    async_engine = AsyncEngine(engine, lambda stats: ServerMetrics(config.served_model_name, stats), observe=crash)
     serving = OpenAIServing(async_engine, config)
-    state = ServerState(async_engine, faults or Faults())
+    state = ServerState(async_engine, faults)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -13,11 +13,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:  # the engine core's module imports torch: `folio serve --help` and the operator need none
+    from folio.engine.resume import Replay
 
 log = logging.getLogger("folio.server")
 
@@ -29,7 +32,12 @@ class EngineCore(Protocol):
     model_config: Any
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        group: str | None = None,
+        resume: Replay | None = None,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
@@ -57,6 +65,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     group: str | None = None  # the client request's id: the engine queues requests fairly by it
+    resume: Replay | None = None  # continue after output tokens the client has (replayed off the event loop)
 
 
 class RequestStream:
@@ -91,9 +100,11 @@ _Reply = Callable[[], None]  # runs on the event loop once a command is done
 
 class AsyncEngine:
     def __init__(
-        self, engine: EngineCore, metrics_factory: Callable[[Callable[[], EngineStats]], ServerMetrics]
+        self, engine: EngineCore, metrics_factory: Callable[[Callable[[], EngineStats]], ServerMetrics],
+        observe: Callable[[list[RequestOutput]], None] | None = None,
     ):
         self.engine = engine
+        self._observe = observe  # sees each step's outputs first (`admission.crash_after`, a fault)
         self.metrics = metrics_factory(lambda: self.stats)
         self.stats: EngineStats = engine.stats()
         self.error: BaseException | None = None
@@ -151,7 +162,10 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for s in seqs:
-                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group)
+                    if s.resume is None:  # cores that continue nothing need not know the argument
+                        self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group)
+                    else:
+                        self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume)
                     added.append(s.request_id)
             except Exception as exc:
                 for rid in added:
@@ -245,6 +259,8 @@ class AsyncEngine:
 
     def _on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         self.stats = stats
+        if self._observe is not None:
+            self._observe(outputs)
         now = time.monotonic()
         for out in outputs:
             stream = self._streams.get(out.request_id)

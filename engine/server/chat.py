@@ -24,7 +24,7 @@ from folio.engine.server.protocol import (
     Delta,
     Usage,
 )
-from folio.engine.server.serving import OpenAIServing, new_id
+from folio.engine.server.serving import OpenAIServing, new_id, resumable
 
 
 def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
@@ -70,17 +70,32 @@ async def create_chat_completion(
     budget = serving.max_tokens(requested, None, len(prompt.token_ids), param=param, prompt_param="messages")
     top_k = (req.top_logprobs or 0) if req.logprobs else None
     request_id = new_id("chatcmpl")
-    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k)
-    renderer = ChatRenderer(request_id, serving.config.served_model_name, serving.tokenizer, top_k)
-    return await serving.respond(raw, req, seqs, Choices(seqs, [prompt], req.n), renderer)
+    resumption = await serving.resumption(req, [prompt], [budget], top_k)
+    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption)
+    renderer = ChatRenderer(
+        resumption.id if resumption else request_id, serving.config.served_model_name, serving.tokenizer, top_k,
+        prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
+        created=resumption.created if resumption else None,
+        # the client has the prompt's ids once it has any chunk of the answer
+        prompt_sent=bool(resumption and resumption.carried),
+    )  # fmt: skip
+    choices = Choices(seqs, [prompt], req.n, resumption=resumption, records=resumable(raw))
+    return await serving.respond(raw, req, seqs, choices, renderer)
 
 
 class ChatRenderer:
-    """Chat's wording: each choice's stream opens with the assistant role; the text is its content."""
+    """Chat's wording: each choice's stream opens with the assistant role; the text is its content. With
+    ``prompt_token_ids`` (``return_token_ids``), the first chunk and the response carry them and each choice
+    its tokens."""
 
-    def __init__(self, request_id: str, model: str, tokenizer: Any, top_k: int | None) -> None:
+    def __init__(
+        self, request_id: str, model: str, tokenizer: Any, top_k: int | None, *,
+        prompt_token_ids: list[int] | None = None, created: int | None = None, prompt_sent: bool = False,
+    ) -> None:  # fmt: skip
         self.request_id, self.model, self.tokenizer, self.top_k = request_id, model, tokenizer, top_k
-        self.created = int(time.time())
+        self.created = int(time.time()) if created is None else created
+        self.prompt_token_ids = prompt_token_ids
+        self._prompt_sent = prompt_sent
 
     def _logprobs(self, piece: Piece) -> ChatLogprobs | None:
         if self.top_k is None or piece.logprobs is None:
@@ -90,14 +105,21 @@ class ChatRenderer:
     def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=choices)
 
+    def _token_ids(self, piece: Piece) -> list[int] | None:
+        return piece.token_ids if self.prompt_token_ids is not None else None
+
     def opening(self, index: int) -> Iterator[ChatCompletionChunk]:
-        yield self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
+        chunk = self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
+        if not self._prompt_sent:
+            chunk.prompt_token_ids, self._prompt_sent = self.prompt_token_ids, True
+        yield chunk
 
     def chunks(self, piece: Piece) -> Iterator[ChatCompletionChunk]:
         delta = Delta(content=piece.text or None)
         choice = ChatChunkChoice(
-            index=piece.index, delta=delta, logprobs=self._logprobs(piece), finish_reason=piece.finish_reason
-        )
+            index=piece.index, delta=delta, logprobs=self._logprobs(piece), finish_reason=piece.finish_reason,
+            token_ids=self._token_ids(piece),
+        )  # fmt: skip
         yield self._chunk([choice])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
@@ -113,7 +135,11 @@ class ChatRenderer:
                 logprobs=self._logprobs(p),
                 finish_reason=p.finish_reason,
                 stop_reason=p.stop_reason,
+                token_ids=self._token_ids(p),
             )
             for p in pieces
         ]
-        return ChatCompletionResponse(id=self.request_id, model=self.model, choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage,
+            prompt_token_ids=self.prompt_token_ids,
+        )  # fmt: skip

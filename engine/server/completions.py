@@ -20,7 +20,7 @@ from folio.engine.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from folio.engine.server.serving import OpenAIServing, new_id
+from folio.engine.server.serving import OpenAIServing, new_id, resumable
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 MAX_PROMPTS = 64
@@ -69,18 +69,25 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
     ]
     request_id = new_id("cmpl")
     prompt_logprobs = req.logprobs if req.echo else None
-    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs)
-    renderer = CompletionRenderer(request_id, serving.config.served_model_name, serving.tokenizer, req)
-    return await serving.respond(raw, req, seqs, Choices(seqs, prompts, req.n, echo_only), renderer)
+    resumption = await serving.resumption(req, prompts, budgets, req.logprobs, echo=req.echo)
+    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption)
+    renderer = CompletionRenderer(
+        resumption.id if resumption else request_id, serving.config.served_model_name, serving.tokenizer, req,
+        created=resumption.created if resumption else None,
+    )  # fmt: skip
+    choices = Choices(seqs, prompts, req.n, echo_only, resumption=resumption, records=resumable(raw))
+    return await serving.respond(raw, req, seqs, choices, renderer)
 
 
 class CompletionRenderer:
     """The legacy completions wording: a choice's text, after its prompt when ``echo`` asks for it."""
 
-    def __init__(self, request_id: str, model: str, tokenizer: Any, req: CompletionRequest) -> None:
+    def __init__(
+        self, request_id: str, model: str, tokenizer: Any, req: CompletionRequest, created: int | None = None
+    ) -> None:
         self.request_id, self.model, self.tokenizer = request_id, model, tokenizer
-        self.echo, self.top_k = req.echo, req.logprobs
-        self.created = int(time.time())
+        self.echo, self.top_k, self.return_token_ids = req.echo, req.logprobs, req.return_token_ids
+        self.created = int(time.time()) if created is None else created
 
     def _prompt_text(self, prompt: Prompt) -> str:
         return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
@@ -107,6 +114,8 @@ class CompletionRenderer:
             logprobs=logprobs,
             finish_reason=piece.finish_reason,
             stop_reason=piece.stop_reason,
+            prompt_token_ids=piece.prompt.token_ids if self.return_token_ids and piece.first else None,
+            token_ids=piece.token_ids if self.return_token_ids else None,
         )
 
     def opening(self, index: int) -> Iterator[CompletionResponse]:
@@ -122,5 +131,6 @@ class CompletionRenderer:
 
     def response(self, pieces: list[Piece], usage: Usage) -> CompletionResponse:
         return CompletionResponse(
-            id=self.request_id, model=self.model, choices=[self._choice(p) for p in pieces], usage=usage
-        )
+            id=self.request_id, created=self.created, model=self.model, choices=[self._choice(p) for p in pieces],
+            usage=usage,
+        )  # fmt: skip

@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
@@ -72,6 +81,25 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class ResumeChoice(_Request):
+    """What the client has of one choice (`folio.engine.server.continuation`)."""
+
+    index: Annotated[int, Field(ge=0)]
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: Literal["stop", "length", "abort"] | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[list[tuple[int, float]]] | None = None  # per token: [[token_id, logprob], ...]
+    prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+
+
+class FolioResume(_Request):
+    """Folio's own (`folio.engine.server.continuation.RESUME_FIELD`): continue an answer begun elsewhere."""
+
+    id: Text
+    created: int
+    choices: list[ResumeChoice] = Field(default_factory=list)
+
+
 class SamplingRequest(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -101,6 +129,12 @@ class SamplingRequest(_Request):
     skip_special_tokens: bool = True
     logit_bias: dict[str, float] | None = Field(None, description="Not supported: must be empty.")
     user: str | None = None
+    return_token_ids: bool = Field(
+        False, description="vLLM extension: the prompt's and each choice's token ids in the answer."
+    )
+    folio_resume: FolioResume | None = Field(
+        None, description="Folio's router only: continue an answer another replica began."
+    )
 
 
 class CompletionRequest(SamplingRequest):
@@ -157,6 +191,22 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _Extended(_Response):
+    """A response part with extension fields that are left out while None, so that an answer that asks
+    for none of them is the plain OpenAI one (fields that are null in OpenAI's shape stay)."""
+
+    _omit_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    # no return annotation: the JSON schema stays the model's own
+    def _without_unset_extensions(self, handler: SerializerFunctionWrapHandler):
+        data = handler(self)
+        for name in self._omit_none:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
+
+
 def _now() -> int:
     return int(time.time())
 
@@ -176,12 +226,16 @@ class CompletionLogprobs(_Response):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(_Response):
+class CompletionChoice(_Extended):
+    _omit_none = ("prompt_token_ids", "token_ids")
+
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None = None
     stop_reason: str | int | None = None
+    prompt_token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
+    token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
 
 
 class CompletionResponse(_Response):
@@ -212,21 +266,27 @@ class AssistantMessage(_Response):
     content: str
 
 
-class ChatChoice(_Response):
+class ChatChoice(_Extended):
+    _omit_none = ("token_ids",)
+
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
 
 
-class ChatCompletionResponse(_Response):
+class ChatCompletionResponse(_Extended):
+    _omit_none = ("prompt_token_ids",)
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
 
 
 class Delta(_Response):
@@ -234,20 +294,26 @@ class Delta(_Response):
     content: str | None = None
 
 
-class ChatChunkChoice(_Response):
+class ChatChunkChoice(_Extended):
+    _omit_none = ("token_ids",)
+
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None = None
+    token_ids: list[int] | None = None
 
 
-class ChatCompletionChunk(_Response):
+class ChatCompletionChunk(_Extended):
+    _omit_none = ("prompt_token_ids",)
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ModelCard(_Response):

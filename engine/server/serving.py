@@ -26,10 +26,12 @@ from folio.engine.server.async_engine import (
     RequestFailed,
     RequestStream,
 )
-from folio.engine.server.choices import Choices, Prompt, Renderer
+from folio.engine.server.choices import Choices, Event, Prompt, Renderer, choice_indexes
+from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER, Record
 from folio.engine.server.errors import OpenAIError, bad_request, rejected, unavailable
 from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import SamplingRequest
+from folio.engine.server.resumption import Resumption, prepare
 from folio.engine.server.sse import EventStream
 
 T = TypeVar("T")
@@ -137,17 +139,48 @@ class OpenAIServing:
         max_tokens: list[int],
         logprobs: int | None,
         prompt_logprobs: int | None = None,
+        resumption: Resumption | None = None,
     ) -> list[EngineRequest]:
-        """n sequences per prompt; choice index = prompt index * n + k, seed + k when seeded."""
+        """n sequences per prompt; choice index = prompt index * n + k, seed + k when seeded. A continuation
+        runs no finished choice, and the carried ones from their replays (their prompt logprobs are carried)."""
         seqs: list[EngineRequest] = []
-        for p, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
-            for k in range(req.n):
-                params = self._params(
-                    req, seed=offset_seed(req.seed, k), max_tokens=budget, logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs,
-                )
-                seqs.append(EngineRequest(f"{request_id}-{p * req.n + k}", prompt.token_ids, params, request_id))
+        for i in choice_indexes(len(prompts) * req.n, resumption):
+            carried = resumption.carried.get(i) if resumption is not None else None
+            params = self.choice_params(req, i, max_tokens, logprobs, None if carried else prompt_logprobs)
+            resume = carried.replay if carried is not None else None
+            seqs.append(EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume))
         return seqs
+
+    def choice_params(
+        self, req: SamplingRequest, index: int, max_tokens: list[int], logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """Choice ``index``'s sampling parameters (k = index mod n: seed + k)."""
+        p, k = divmod(index, req.n)
+        return self._params(
+            req, seed=offset_seed(req.seed, k), max_tokens=max_tokens[p], logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )  # fmt: skip
+
+    async def resumption(
+        self, req: SamplingRequest, prompts: list[Prompt], max_tokens: list[int], logprobs: int | None,
+        *, echo: bool = False,
+    ) -> Resumption | None:
+        """The request's continuation (`folio.engine.server.continuation`), checked and replayed off the
+        event loop; None when it continues nothing."""
+        if req.folio_resume is None:
+            return None
+        return await self.off_loop(
+            lambda: prepare(
+                req.folio_resume, prompts, req.n,  # type: ignore[arg-type]
+                lambda i: self.choice_params(req, i, max_tokens, logprobs),
+                tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                eos_token_ids=getattr(self.engine.engine, "eos_token_ids", frozenset()),
+                max_model_len=self.config.max_model_len,
+                need_logprobs=logprobs is not None and not req.stream,
+                need_prompt_logprobs=echo and logprobs is not None and not req.stream,
+            )
+        )  # fmt: skip
 
     @staticmethod
     def _params(
@@ -190,20 +223,40 @@ class OpenAIServing:
         self, raw: Request, req: SamplingRequest, seqs: list[EngineRequest], choices: Choices, renderer: Renderer
     ) -> Response:
         """Runs the sequences and answers with ``renderer``'s words: server-sent events when the request
-        streams, else one JSON response once every sequence has finished."""
+        streams, else one JSON response once every sequence has finished. In the resumable mode
+        (``choices.records``) an unstreamed answer is an event stream too: records, then the response."""
+        headers = _resumable_headers(renderer) if choices.records else None
         if req.stream:
             stream = await self.engine_stream(seqs)
 
-            def render(out: RequestOutput) -> Iterable[BaseModel]:
+            def render(out: RequestOutput) -> Iterable[Event]:
                 return choices.stream(out, renderer)
 
-            def tail() -> Iterable[BaseModel]:
+            def tail() -> Iterable[Event]:
                 if req.stream_options and req.stream_options.include_usage:
-                    yield renderer.usage_chunk(choices.usage)
+                    yield None, renderer.usage_chunk(choices.usage)
 
-            return EventStream(self.sse(stream, render, tail))
+            return EventStream(self.sse(stream, render, tail, records=choices.records), headers)
+        if choices.records:
+            return EventStream(self._recorded_whole(await self.engine_stream(seqs), choices, renderer), headers)
         pieces = choices.whole(await self.run_to_end(raw, seqs))
         return JSONResponse(renderer.response(pieces, choices.usage).model_dump(mode="json"))
+
+    def _recorded_whole(self, stream: RequestStream, choices: Choices, renderer: Renderer) -> AsyncIterator[str]:
+        """An unstreamed answer in the resumable mode: a record per step output, then the whole JSON
+        response, byte for byte as `respond` answers it otherwise, and no ``[DONE]``."""
+        steps: dict[str, list[RequestOutput]] = {rid: [] for rid in stream.request_ids}
+
+        def render(out: RequestOutput) -> Iterable[tuple[Record, None]]:
+            steps[out.request_id].append(out)
+            yield choices.record(out), None
+
+        def tail() -> Iterable[tuple[None, str]]:
+            pieces = choices.whole({rid: merge_outputs(outs) for rid, outs in steps.items()})
+            body = JSONResponse(renderer.response(pieces, choices.usage).model_dump(mode="json")).body
+            yield None, bytes(body).decode()
+
+        return self.sse(stream, render, tail, records=True, done=False)
 
     async def run_to_end(self, raw: Request, seqs: list[EngineRequest]) -> dict[str, RequestOutput]:
         """The whole output per sequence id; aborts everything if the client disconnects first."""
@@ -236,21 +289,29 @@ class OpenAIServing:
     async def sse(
         self,
         stream: RequestStream,
-        render: Callable[[RequestOutput], Iterable[BaseModel | dict[str, Any]]],
-        tail: Callable[[], Iterable[BaseModel | dict[str, Any]]],
+        render: Callable[[RequestOutput], Iterable[tuple[Record | None, _Item | None]]],
+        tail: Callable[[], Iterable[tuple[Record | None, _Item | None]]],
+        *,
+        records: bool = False,
+        done: bool = True,
     ) -> AsyncIterator[str]:
-        """Server-sent events: a chunk per rendered item, an error event if the engine gives out, then
-        `[DONE]`. Closing the generator (client gone) aborts the sequences still running."""
+        """Server-sent events: one per rendered (record, item), an error event if the engine gives out (in
+        the resumable mode, ``records``, with a ``failed`` record), then `[DONE]` unless not ``done``.
+        Closing the generator (client gone) aborts the sequences still running."""
         try:
             try:
                 async for out in stream:
-                    for item in render(out):
-                        yield _event(item)
-                for item in tail():
-                    yield _event(item)
+                    for record, item in render(out):
+                        yield _event(item, record)
+                for record, item in tail():
+                    yield _event(item, record)
             except _STREAM_ERRORS as exc:
-                yield _event(stream_error(exc).body())
-            yield "data: [DONE]\n\n"
+                error = stream_error(exc)
+                code = error.code or ErrorCode.INTERNAL_ERROR  # stream_error names one; never a bare None
+                failed = Record(failed=code.value, message=error.message) if records else None
+                yield _event(error.body(), failed)
+            if done:
+                yield "data: [DONE]\n\n"
         finally:
             self.engine.abort(stream.request_ids)
 
@@ -270,9 +331,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _event(item: BaseModel | dict[str, Any]) -> str:
-    data = item.model_dump_json() if isinstance(item, BaseModel) else json.dumps(item)
-    return f"data: {data}\n\n"
+_Item = BaseModel | dict[str, Any] | str  # a chunk, an error body, or JSON text as it is
+
+
+def _event(item: _Item | None, record: Record | None = None) -> str:
+    """One event: the record's comment line (if any), then the item's data line (if any)."""
+    head = record.line() if record is not None else ""
+    if item is None:
+        assert record is not None, "an event needs a record or data"
+        return head + "\n"
+    data = item if isinstance(item, str) else item.model_dump_json() if isinstance(item, BaseModel) else json.dumps(item)
+    return f"{head}data: {data}\n\n"
+
+
+def _resumable_headers(renderer: Renderer) -> dict[str, str]:
+    return {RESUMABLE_HEADER: "1", RESPONSE_ID_HEADER: renderer.request_id, CREATED_HEADER: str(renderer.created)}
+
+
+def resumable(raw: Request) -> bool:
+    """Whether the router asks for the resumable mode (`folio.engine.server.continuation`)."""
+    return raw.headers.get(RESUMABLE_HEADER) == "1"
 
 
 async def _wait_disconnect(raw: Request) -> None:

@@ -16,8 +16,8 @@ class EventStream(StreamingResponse):
     frees their KV blocks at once.
     """
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})})
         self._events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
+from folio.engine.server.continuation import RESUME_FIELD
 from folio.engine.server.openai_errors import ErrorCode, body_too_large_message
 from folio.operator.router.affinity import affinity_key
 from folio.operator.router.errors import error_response
@@ -40,9 +41,9 @@ PROXIED: dict[str, tuple[str, bool, bool]] = {
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str, code: ErrorCode) -> None:
+    def __init__(self, status: int, message: str, code: ErrorCode, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.param = status, code, param
 
 
 class RouterApp:
@@ -138,7 +139,8 @@ class RouterApp:
 
     async def _ready(self, request: web.Request) -> web.Response:
         ready, reason = self.state.ready()
-        body = {"ready": ready, "reason": reason, "config": self.state.fingerprint}
+        body = {"ready": ready, "reason": reason, "config": self.state.fingerprint,
+                "replicas": self.state.balancer.in_rotation()}
         return web.json_response(body, status=200 if ready else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -156,7 +158,7 @@ class RouterApp:
                 headers = {"Allow": method} if exc.status == 405 else None
                 if exc.status == 401:
                     headers = {"WWW-Authenticate": "Bearer"}
-                return error_response(exc.status, str(exc), code=exc.code, headers=headers)
+                return error_response(exc.status, str(exc), code=exc.code, param=exc.param, headers=headers)
             # A client that leaves cancels this handler (handler_cancellation), which closes the
             # upstream connection with it, so the engine stops generating for nobody.
             return await self._proxy.forward(proxy_request, request)
@@ -178,10 +180,14 @@ class RouterApp:
                 413, body_too_large_message(self.max_body_bytes), ErrorCode.BODY_TOO_LARGE
             ) from None
         parsed = _check_json_object(body) if method == "POST" else {}
+        if RESUME_FIELD in parsed:  # the router's own field, for continuing an answer (`migration`)
+            raise RequestError(400, f"'{RESUME_FIELD}' is not a request parameter", ErrorCode.INVALID_VALUE,
+                               param=RESUME_FIELD)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
         balancer = self.state.balancer
         key = affinity_key(parsed, headers, balancer.settings.prefix_char_length) if balancer.by_prefix else None
-        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split, affinity=key)
+        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split, affinity=key,
+                            parsed=parsed if method == "POST" else None)
 
 
 def _check_json_object(body: bytes) -> dict[str, object]:

@@ -217,3 +217,7 @@ class Balancer:
 
     def ready_count(self) -> int:
         return sum(r.healthy for r in self.replicas())
+
+    def in_rotation(self) -> dict[str, int]:
+        """Per revision, the replicas a request may go to now (healthy and not ejected)."""
+        return {revision: sum(map(self.usable, pool.replicas)) for revision, pool in self._pools.items()}

@@ -127,6 +127,17 @@ class RouterMetrics:
             m.HELD_TOTAL, "Held requests by how their hold ended: served, timeout, full (queue) or gone (client).",
             [m.ISVC, m.OUTCOME], registry=r,
         )
+        self.migrations = Counter(
+            m.MIGRATIONS,
+            "Answers whose replica failed after the first byte, by the revision that failed, why (reset, timeout, "
+            "engine_error) and what followed (continued elsewhere, failed, no_replica).",
+            [*per_revision, m.REASON, m.OUTCOME], registry=r,
+        )  # fmt: skip
+        self.migration_gap = Histogram(
+            m.MIGRATION_GAP,
+            "A continued answer's seam as its client saw it: last byte before the failure to first byte after.",
+            per_revision, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._children: dict[tuple[Any, ...], Any] = {}  # (id(metric), *labels after isvc) -> child
         self._weights: set[str] = set()
         # what `retain` keeps (None: everything, until a config arrives)
@@ -199,6 +210,12 @@ class RouterMetrics:
 
     def retry(self, from_revision: str, to_revision: str) -> None:
         self._child(self.retries, from_revision, to_revision).inc()
+
+    def migrated(self, revision: str, reason: str, outcome: str) -> None:
+        self._child(self.migrations, revision, reason, outcome).inc()
+
+    def seam_gap(self, revision: str, seconds: float) -> None:
+        self._child(self.migration_gap, revision).observe(seconds)
 
     def replica_ejected(self, revision: str, replica: str, ejected: bool) -> None:
         if ejected:

@@ -1,7 +1,9 @@
 """Forwarding one request: pick a revision and replica, retry to stable, overflow, mirror, relay.
 
-Only a failure before the first byte can be retried: after that the client has the status line.
-Every upstream attempt is counted once, under the revision that answered (or failed to), and
+Only a failure before the first byte can be retried: after that the client has the status line. An
+event-stream answer is relayed by `migration.Answer` (whole events, the engine's records taken out), and
+one that breaks off after its first byte is continued on another replica (`migration.carry_on`) or ended
+cleanly. Every upstream attempt is counted once, under the revision that answered (or failed to), and
 is held to a timeout (`timeouts`): until its first byte, then between chunks.
 """
 
@@ -11,18 +13,22 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER
 from folio.engine.server.openai_errors import ErrorCode
+from folio.operator.metric_names import MIGRATION_TIMEOUT
 from folio.operator.router.balancer import Replica
 from folio.operator.router.errors import error_response
 from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
 from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.migration import RESUMABLE, Answer, Seam, carry_on, resumable_answer, write
 from folio.operator.router.outliers import is_failure
 from folio.operator.router.shadow_compare import Capture, Comparison, comparable
 from folio.operator.router.state import RoutingState
@@ -31,7 +37,6 @@ from folio.operator.router.timeouts import (
     Stalled,
     attempt_timeout,
     next_chunk,
-    stall_event,
     timed_out_response,
 )
 from folio.operator.serving.router import OVERFLOW, Overflow
@@ -43,7 +48,10 @@ _HOP_BY_HOP = {
     "transfer-encoding", "upgrade",
 }  # fmt: skip
 # The router's own credentials never travel upstream; aiohttp computes the length itself.
-DROP_REQUEST_HEADERS = frozenset({*_HOP_BY_HOP, "host", "content-length", "authorization", "expect"})
+# A client's X-Folio-Resumable is not its to send: the router asks for records itself (`migration`).
+DROP_REQUEST_HEADERS = frozenset({
+    *_HOP_BY_HOP, "host", "content-length", "authorization", "expect", RESUMABLE_HEADER.lower(),
+})  # fmt: skip
 # The only request headers the overflow endpoint (a remote service, outside the cluster and its trust)
 # gets from a client: what OpenAI's API documents as request headers, plus the body's type and the
 # request id for tracing. Cookies, the client's Authorization and any custom header (they may carry
@@ -53,8 +61,10 @@ OVERFLOW_REQUEST_HEADERS = frozenset({
     "content-type", "accept", "x-request-id", "x-client-request-id",
     "openai-organization", "openai-project", "openai-beta",
 })  # fmt: skip
-# The router's server writes its own date and server headers.
-_DROP_RESPONSE_HEADERS = frozenset({*_HOP_BY_HOP, "date", "server"})
+# The router's server writes its own date and server headers; the engine's resume headers are the router's.
+_DROP_RESPONSE_HEADERS = frozenset({
+    *_HOP_BY_HOP, "date", "server", RESUMABLE_HEADER.lower(), RESPONSE_ID_HEADER.lower(), CREATED_HEADER.lower(),
+})  # fmt: skip
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 NO_UPSTREAM_RETRY_AFTER = "2"
 WHOLE_BODY_MAX = 256 * 1024  # answers up to this size with a known length are relayed in one piece
@@ -69,6 +79,11 @@ class ProxyRequest:
     mirror: bool = False  # may be shadowed to the canary
     use_split: bool = True  # False: always the stable revision (e.g. /v1/models)
     affinity: str | None = None  # the prefix or session key placement follows (`affinity.affinity_key`)
+    parsed: dict[str, Any] | None = None  # the JSON body of a completion or chat request: it may be continued
+
+    @property
+    def streamed(self) -> bool:
+        return self.parsed is not None and bool(self.parsed.get("stream"))
 
 
 @dataclass
@@ -158,8 +173,15 @@ class Proxy:
         tried: list[Replica] = []
         retried = False
         failure: Failure | None = None
+        # With migration on, completions and chat ask the engine for records, so that they can be continued.
+        headers = [*req.headers, RESUMABLE] if self._resumable(req) else None
         while replica is not None:
-            answer = await self._attempt(req, downstream, replica.url, replica.revision, replica, capture=capture)
+            answer = await self._attempt(
+                req, downstream, replica.url, replica.revision, replica, headers=headers, capture=capture
+            )
+            if isinstance(answer, Seam):  # broke off after its first byte: continued elsewhere, or ended cleanly
+                tried.append(replica)
+                answer = await self._carry_on(req, downstream, answer, tried)
             if not isinstance(answer, Failure):
                 if comparison is not None:  # the whole answer has been relayed: the shadow's may be compared
                     comparison.finish_primary(answer.status)
@@ -197,6 +219,22 @@ class Proxy:
             502, f"upstream unreachable: {failure.reason}", code=ErrorCode.UPSTREAM_UNREACHABLE
         )
 
+    def _resumable(self, req: ProxyRequest) -> bool:
+        return req.parsed is not None and self.state.config.migration.max_attempts > 0
+
+    async def _carry_on(
+        self, req: ProxyRequest, downstream: web.Request, seam: Seam, tried: list[Replica]
+    ) -> web.StreamResponse:
+        headers = [*req.headers, RESUMABLE]
+
+        async def send(replica: Replica, body: bytes) -> web.StreamResponse | Failure | Seam:
+            return await self._attempt(replica=replica, req=replace(req, body=body), downstream=downstream,
+                                       base_url=replica.url, revision=replica.revision, headers=headers,
+                                       answer=seam.answer)
+
+        parsed = req.parsed if self._resumable(req) else None
+        return await carry_on(seam, self.state, self.metrics, parsed, tried, send, req.affinity)
+
     async def _overflow(
         self, req: ProxyRequest, downstream: web.Request, overflow: Overflow
     ) -> web.StreamResponse:
@@ -206,6 +244,9 @@ class Proxy:
         answer = await self._attempt(
             req, downstream, overflow.url, OVERFLOW, None, headers=headers, relay_any=True
         )
+        if isinstance(answer, Seam):  # no continuing on a remote service: a clean end
+            self.metrics.overflowed(TIMEOUT if answer.reason == MIGRATION_TIMEOUT else "error")
+            return await answer.answer.fail(answer)
         if isinstance(answer, Failure):
             self.metrics.overflowed(answer.code)
             if answer.code == TIMEOUT:
@@ -227,8 +268,10 @@ class Proxy:
         headers: list[tuple[str, str]] | None = None,
         relay_any: bool = False,
         capture: Capture | None = None,
-    ) -> web.StreamResponse | Failure:
-        """One upstream try: the relayed response, or why there is none to relay."""
+        answer: Answer | None = None,
+    ) -> web.StreamResponse | Failure | Seam:
+        """One upstream try: the relayed response, why there is none to relay, or (`Seam`) the answer it
+        broke off after its first byte. ``answer``: a continuation, which writes on into that answer."""
         metrics = self.metrics
         if replica is not None:
             replica.in_flight += 1
@@ -245,7 +288,10 @@ class Proxy:
                         headers=req.headers if headers is None else headers,
                         timeout=self._attempt_timeout, allow_redirects=False,
                     )  # fmt: skip
-                    failed = not relay_any and (resp.status >= 500 or resp.status == 429)
+                    if answer is not None:  # a continuation: only an answer that carries on will do
+                        failed = resp.status != 200 or resumable_answer(resp) is None
+                    else:
+                        failed = not relay_any and (resp.status >= 500 or resp.status == 429)
                     head = await (_failure(resp, revision) if failed else _head(resp))
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 if resp is not None:
@@ -267,12 +313,18 @@ class Proxy:
             if head.first is not None:
                 metrics.first_byte(revision, perf_counter() - started)
             try:
-                relayed, stalled = await self._relay(resp, head, revision, downstream, limit, capture)
+                broke: str | None = None
+                if head.chunks is not None and resp.content_type == "text/event-stream":
+                    relayed = await self._relay_events(req, resp, head, revision, downstream, limit, capture, answer)
+                    if isinstance(relayed, Seam):
+                        broke = TIMEOUT if relayed.reason == MIGRATION_TIMEOUT else "error"
+                else:
+                    relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture)
             except BaseException:
                 resp.close()  # drop the connection so the engine sees the client leave and aborts
                 raise
-            if stalled:
-                code = TIMEOUT
+            if broke is not None:  # failed after its first byte: charged to this replica all the same
+                code = broke
                 if replica is not None:
                     self._outcome(replica, failed=True)
                 resp.close()
@@ -290,45 +342,55 @@ class Proxy:
     def _outcome(self, replica: Replica, *, failed: bool) -> None:
         self.state.balancer.outliers.record(replica, failed, self.state.balancer.pool(replica.revision))
 
+    async def _relay_events(
+        self, req: ProxyRequest, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request,
+        limit: float, capture: Capture | None, answer: Answer | None,
+    ) -> web.StreamResponse | Seam:
+        """An event-stream answer, through `Answer` (a new one, or the continued one)."""
+        assert head.chunks is not None
+        migration = self.state.config.migration
+        ids = resumable_answer(resp) if migration.max_attempts > 0 and req.parsed is not None else None
+        if answer is None:
+            # Unstreamed, a resumable engine answers as events too: the client gets the final JSON alone.
+            answer = Answer(downstream, self.metrics, streamed=req.streamed or ids is None, capture=capture)
+            if ids is not None:
+                answer.resumable = True
+                answer.progress.response_id, answer.progress.created = ids
+        stall_after = min(limit, migration.inter_chunk_timeout_seconds) if answer.resumable else limit
+        headers = _relayed_headers(resp)
+        headers["X-Folio-Revision"] = revision
+        return await answer.relay(resp, head.first, head.chunks, revision, stall_after, headers)
+
     async def _relay(
         self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float,
         capture: Capture | None = None,
-    ) -> tuple[web.StreamResponse, bool]:
-        """Pass the answer on from its first bytes; True with it when the upstream stalled mid-stream."""
+    ) -> tuple[web.StreamResponse, str | None]:
+        """Pass on an answer that is not an event stream from its first bytes; with it the attempt's code
+        when the upstream failed mid-answer (the client is cut off then: too late to change the status, and
+        a truncated answer must not look complete)."""
         headers = _relayed_headers(resp)
         headers["X-Folio-Revision"] = revision
         if head.chunks is None:
             if capture is not None and head.first is not None:
                 capture.add(head.first)
             headers.popall("Content-Length", None)  # set again from the body
-            whole = web.Response(status=resp.status, reason=resp.reason, body=head.first, headers=headers)
-            return whole, False
+            return web.Response(status=resp.status, reason=resp.reason, body=head.first, headers=headers), None
         out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
         await out.prepare(downstream)
         chunk = head.first
         while chunk is not None:
             if capture is not None:
                 capture.add(chunk)
-            if not await _write(out, chunk, resp):
-                return out, False
+            if not await write(out, chunk, resp):
+                return out, None
             try:
                 chunk = await next_chunk(head.chunks, limit)
-            except Stalled as stall:
-                log.warning("upstream %s (%s) stalled mid-response: %s", revision, resp.url.origin(), stall)
-                sse = resp.content_type == "text/event-stream"
-                if sse and await _write(out, stall_event(revision, limit), resp):
-                    await _write(out, None, resp)  # a clean end: the error event says what happened
-                else:
-                    _drop(downstream)
-                return out, True
-            except _UPSTREAM_ERRORS as exc:
-                # Too late to retry or change the status: cut the client off, so that it sees a
-                # broken response rather than a complete-looking truncated one.
+            except (Stalled, *_UPSTREAM_ERRORS) as exc:
                 log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
                 _drop(downstream)
-                return out, False
-        await _write(out, None, resp)
-        return out, False
+                return out, TIMEOUT if isinstance(exc, Stalled) else "error"
+        await write(out, None, resp)
+        return out, None
 
     # ------------------------------------------------------------------------------- shadow
 
@@ -377,16 +439,6 @@ class Proxy:
         for task in list(self._shadow_tasks):
             task.cancel()
         await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
-
-
-async def _write(out: web.StreamResponse, chunk: bytes | None, resp: aiohttp.ClientResponse) -> bool:
-    """Pass a chunk on (None: end the response); False when the client has gone."""
-    try:
-        await (out.write_eof() if chunk is None else out.write(chunk))
-    except ConnectionError:
-        resp.close()  # drop the upstream too, so the engine aborts the request
-        return False
-    return True
 
 
 async def _head(resp: aiohttp.ClientResponse) -> Head:

@@ -8,8 +8,10 @@
   generation needs.
 - Before the first byte nothing has reached the client: the attempt is a failure like a refused
   connection, and the proxy retries it on stable.
-- After it the status line is gone: an event stream ends with an error event in the OpenAI shape
-  (``data: {"error": …}``), anything else is cut off so that it cannot look complete.
+- After it the status line is gone: an event stream is continued on another replica where it can be
+  (`migration`; a resumable answer is then held to the shorter ``interChunkTimeout`` between chunks),
+  else ends with an error event in the OpenAI shape (``data: {"error": …}``) and ``[DONE]``; anything
+  else is cut off so that it cannot look complete.
 - An answer that timed out everywhere it was tried is a 504 in the OpenAI error shape.
 """
 
@@ -22,13 +24,13 @@ from aiohttp import web
 
 from folio.engine.server.openai_errors import ErrorCode
 from folio.operator.metric_names import TIMEOUT
-from folio.operator.router.errors import error_body, error_response
+from folio.operator.router.errors import error_response
 from folio.operator.serving.router import RouterConfig
 
 GATEWAY_TIMEOUT = 504
 ERROR_CODE = ErrorCode.UPSTREAM_TIMEOUT  # the OpenAI-shaped error's code
 
-__all__ = ["TIMEOUT", "Stalled", "attempt_timeout", "next_chunk", "stall_event", "timed_out_response"]
+__all__ = ["TIMEOUT", "Stalled", "attempt_timeout", "next_chunk", "timed_out_response"]
 
 
 def attempt_timeout(config: RouterConfig, revision: str, read_timeout: float) -> float:
@@ -55,12 +57,6 @@ async def next_chunk(chunks: AsyncIterator[bytes], seconds: float) -> bytes | No
         return None
     except TimeoutError as exc:
         raise Stalled(seconds) from exc
-
-
-def stall_event(revision: str, seconds: float) -> bytes:
-    """The server-sent event that ends a stream whose upstream stalled (OpenAI's error shape)."""
-    message = f"upstream {revision} sent nothing for {seconds:g}s; the stream is incomplete"
-    return b"data: " + error_body(GATEWAY_TIMEOUT, message, ERROR_CODE) + b"\n\n"
 
 
 def timed_out_response(reason: str) -> web.Response:

@@ -28,6 +28,7 @@ from folio.operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
     LoadBalancingSpec,
+    MigrationSpec,
     OutlierDetectionSpec,
     OverflowSpec,
     PositiveDuration,
@@ -88,7 +89,9 @@ class Holding(_Wire):
 
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
-OPTIONAL_PARTS = ("overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing", "holding")
+OPTIONAL_PARTS = (
+    "overflow", "shadow", "outlierDetection", "requestTimeout", "loadBalancing", "holding", "migration",
+)
 
 
 class RouterConfig(_Wire):
@@ -103,6 +106,8 @@ class RouterConfig(_Wire):
     # A canary attempt with no first byte within this long, or stalling longer mid-stream, is a timeout.
     request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT
     load_balancing: LoadBalancingSpec = Field(default_factory=LoadBalancingSpec)
+    # Continuing an answer on another replica when its own fails after the first byte.
+    migration: MigrationSpec = Field(default_factory=MigrationSpec)
     api_keys: list[str] | None = None
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()
@@ -226,6 +231,7 @@ def router_config(
             "outlier_detection": spec.router.outlier_detection,
             "request_timeout": spec.request_timeout,
             "load_balancing": spec.router.load_balancing,
+            "migration": spec.router.migration,
             "holding": Holding.of(spec.autoscaling) if spec.autoscaling is not None else None,
             "overflow": Overflow(url=spec.overflow.url, api_key=overflow_api_key) if spec.overflow else None,
         }

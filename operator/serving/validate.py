@@ -16,7 +16,7 @@ The same spec gets the same verdict in a cluster and on this machine, except for
 | parity suite source                    | configMapRef              | suiteFile                     |
 | fault-injection args (`FAULT_ARGS`)    | refused (see below)       | kept                          |
 
-(The fault-injection args, `faultErrorRate`, `faultLatencyMs` and `faultLogitNoise`, make a revision
+(The fault-injection args, `faultErrorRate`, `faultLatencyMs`, `faultLogitNoise` and `faultCrashAfterTokens`, make a revision
 fail, slow down or answer differently on purpose: test aids for rollback and the parity gate. A cluster's
 operator refuses a spec that sets any of them, whatever its value, with the reason
 ``FaultInjectionDisabled``, unless it was started with `--allow-fault-injection`, which runs it with
@@ -71,7 +71,7 @@ FAULT_INJECTION_DISABLED = "FaultInjectionDisabled"
 # The reasons of the sites' own rules: the only ones by which two sites' verdicts on one spec differ.
 SITE_REASONS = frozenset({UNSUPPORTED_HERE, FAULT_INJECTION_DISABLED})
 # The `spec.engine.args` keys of the engine's fault injection (`folio serve --fault-*`): test aids.
-FAULT_ARGS = ("faultErrorRate", "faultLatencyMs", "faultLogitNoise")
+FAULT_ARGS = ("faultErrorRate", "faultLatencyMs", "faultLogitNoise", "faultCrashAfterTokens")
 
 
 @dataclass(frozen=True)
@@ -291,6 +291,7 @@ def _durations(spec: InferenceServiceSpec) -> list[Problem]:
         ("spec.rollout.analysis.requestTimeout", spec.rollout.analysis.request_timeout),
         ("spec.rollout.drainPeriod", spec.rollout.drain_period),
         ("spec.router.outlierDetection.baseEjectionTime", spec.router.outlier_detection.base_ejection_time),
+        ("spec.router.migration.interChunkTimeout", spec.router.migration.inter_chunk_timeout),
         *((f"spec.rollout.steps[{i}].pause", s.pause) for i, s in enumerate(spec.rollout.steps)),
     ]
     if spec.rollout.parity is not None:

@@ -21,8 +21,8 @@ from tests.chart import helm as h
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "all-namespaces": {"operator": {"allNamespaces": True}},
-    "peering-namespaced": {
-        "operator": {"replicas": 2, "watchNamespace": "models", "peering": {"enabled": True}},
+    "peering-namespaced": {  # peering on by default with more than one replica
+        "operator": {"replicas": 2, "watchNamespace": "models"},
     },
     "peering-cluster": {
         "operator": {"replicas": 2, "allNamespaces": True, "peering": {"enabled": True, "name": "folio-ha"}},
@@ -103,6 +103,8 @@ def series() -> dict[str, set[str]]:
     router.shadowed("r2", "200", 0.02)
     router.replica_ejected("r2", "http://10.0.0.2:8000", True)
     router.overflowed("200")
+    router.migrated("r2", "reset", "no_replica")
+    router.seam_gap("r2", 0.2)
     collective_metrics(engine.registry, "smollm2")("all_reduce", 0.001)  # what a tensor-parallel engine adds
     found = {name: labels | TARGET_LABELS | ENGINE_TARGET_LABELS
              for name, labels in scraped(engine.render().decode()).items() if name.startswith(("vllm:", "folio_engine_"))}

@@ -78,7 +78,9 @@ async def test_router_waits_for_a_missing_file(router: RouterFactory, tmp_path: 
         await _until_weight(r, "r1", 100)
         # the config in force, as its writer (`folio up`) computes it before waiting for the router to follow
         fingerprint = RouterConfig.parse(doc).fingerprint()
-        assert (await r.client.get("/ready")).json() == {"ready": True, "reason": "ok", "config": fingerprint}
+        # and, per revision, the replicas in rotation
+        ready = {"ready": True, "reason": "ok", "config": fingerprint, "replicas": {"r1": 1}}
+        assert (await r.client.get("/ready")).json() == ready
         assert (await r.complete()).status_code == 200
 
 

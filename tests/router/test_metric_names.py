@@ -37,3 +37,20 @@ def test_the_router_exports_every_name_with_its_labels() -> None:
     assert m.PREFIX_AFFINITY == "folio_router_prefix_affinity_total"
     assert affinity[m.PREFIX_AFFINITY] == {m.ISVC: "chat", m.REVISION: "r1", m.RESULT: m.AFFINITY_SPILL}
     assert m.is_error("503") and m.is_error("error") and not m.is_error("429") and not m.is_error("200")
+
+
+def test_migration_series_carry_the_failed_revision_reason_and_outcome() -> None:
+    assert (m.MIGRATIONS, m.MIGRATION_GAP) == ("folio_router_migrations_total", "folio_router_migration_gap_seconds")
+    metrics = RouterMetrics("chat")
+    metrics.retain(["r1"], [])
+    metrics.migrated("r1", m.MIGRATION_TIMEOUT, m.MIGRATION_CONTINUED)
+    metrics.seam_gap("r1", 0.002)
+    metrics.migrated("gone", m.MIGRATION_RESET, m.MIGRATION_FAILED)  # a revision out of the config: no series
+    samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(metrics.render().decode())
+               for s in f.samples]  # fmt: skip
+    assert (m.MIGRATIONS, {m.ISVC: "chat", m.REVISION: "r1", m.REASON: "timeout", m.OUTCOME: "continued"}, 1.0) \
+        in samples  # fmt: skip
+    assert (f"{m.MIGRATION_GAP}_count", {m.ISVC: "chat", m.REVISION: "r1"}, 1.0) in samples
+    buckets = [float(labels["le"]) for name, labels, _ in samples if name == f"{m.MIGRATION_GAP}_bucket"]
+    assert buckets[0] == 0.001 and 60.0 in buckets  # fine from a millisecond to a minute
+    assert not any(labels.get(m.REVISION) == "gone" for _, labels, _ in samples)

@@ -71,11 +71,11 @@ async def test_stream_that_stalls_ends_with_an_error_event(router: RouterFactory
         assert resp.status_code == 200 and resp.headers["x-folio-revision"] == "r2"
         events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
         assert b'"served_by": "r2", "n": 1' in events[0]
-        error = json.loads(events[-1])["error"]  # the last event says the stream is incomplete
+        error = json.loads(events[-2])["error"]  # the last event before [DONE] says the stream is incomplete
         assert {"message", "type", "param", "code"} <= set(error)
         assert error["type"] == "server_error" and error["code"] == "upstream_timeout"
         assert "0.3s" in error["message"]
-        assert b"[DONE]" not in body and len(events) == 2
+        assert events[-1] == b"[DONE]" and len(events) == 3
         assert stable.seen == []  # too late to retry: the client already had the canary's first event
         assert r.metric(m.REQUESTS, revision="r2", code=m.TIMEOUT) == 1
         assert r.metric(m.REQUESTS, revision="r2", code="200") == 0

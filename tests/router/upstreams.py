@@ -9,11 +9,19 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from aiohttp import web
 from multidict import CIMultiDict
 
+from folio.engine.server.continuation import (
+    CREATED_HEADER,
+    RESPONSE_ID_HEADER,
+    RESUMABLE_HEADER,
+    RESUME_FIELD,
+    Record,
+)
 from folio.engine.server.openai_errors import error_body
 from folio.operator.router.server import bind
 from tests.support.wait import until
@@ -43,6 +51,16 @@ class FakeUpstream:
     text: str = "hi"  # each choice's text (shadow comparison tells answers apart by it)
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
+    # Speaking the resume contract (`folio.engine.server.continuation`) when a request asks for it: each
+    # choice's answer is a deterministic token sequence (`token`), so a continued answer can be checked
+    # against the uninterrupted one (`expected_stream`, `expected_json`). The faults count the events this
+    # answer writes (0: before the first) and apply to every answer of this fake, continuations included.
+    resumable: bool = False
+    lengths: tuple[int, ...] = (4,)  # tokens of choice i (the last entry for the rest)
+    die_after: int | None = None  # write this many events, then half of one, then drop the connection
+    stall_after: int | None = None  # write this many events, then nothing
+    fail_after: int | None = None  # write this many events, then a `failed` record, an error event, [DONE]
+    resumes: list[dict[str, Any]] = field(default_factory=list)  # the folio_resume objects received
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,7 +83,10 @@ class FakeUpstream:
             if self.status != 200:
                 # answered as the engine words its errors
                 return web.json_response(error_body(self.status, f"{self.name} failed"), status=self.status)
-            if not json.loads(body).get("stream"):
+            parsed = json.loads(body)
+            if self.resumable and request.headers.get(RESUMABLE_HEADER) == "1":
+                return await self._resumable(request, parsed)
+            if not parsed.get("stream"):
                 return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
@@ -87,6 +108,38 @@ class FakeUpstream:
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1  # aiohttp notices a vanished client when it next writes
             raise
+
+    async def _resumable(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        resume = body.get(RESUME_FIELD)
+        if resume is not None:
+            self.resumes.append(resume)
+        rid, created = (resume["id"], resume["created"]) if resume else ("cmpl-0", CREATED)
+        resp = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", RESUMABLE_HEADER: "1", RESPONSE_ID_HEADER: rid,
+            CREATED_HEADER: str(created),
+        })  # fmt: skip
+        await resp.prepare(request)
+        events = answer_events(body, request.path, self.lengths)
+        for written, (record, data) in enumerate(events):
+            if written == self.die_after:
+                await resp.write(record.line().encode() + b'data: {"choices": [{"ind')  # half an event
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            if written == self.fail_after:
+                failed = Record(failed="shutting_down", message="the engine is stopping").line().encode()
+                error = json.dumps(error_body(503, "shutting down", code="shutting_down")).encode()
+                await resp.write(failed + b"data: " + error + b"\n\n" + b"data: [DONE]\n\n")
+                return resp
+            if written == self.stall_after:
+                await asyncio.Event().wait()  # until the router gives up on this answer and leaves
+            await resp.write(record.line().encode() + (b"data: " + data + b"\n" if data else b"") + b"\n")
+        if not body.get("stream"):
+            await resp.write(b"data: " + json.dumps(whole_answer(body, request.path, self.lengths)).encode() + b"\n\n")
+        else:
+            await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -146,3 +199,87 @@ def dead_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+# ------------------------------------------------------------------- the resume contract's fake answers
+
+CREATED = 1_700_000_000
+
+
+def token(index: int, position: int) -> int:
+    """Choice ``index``'s token at ``position``: every fake answers every request with the same tokens."""
+    return 1000 * (index + 1) + position
+
+
+def _length(lengths: tuple[int, ...], index: int) -> int:
+    return lengths[min(index, len(lengths) - 1)]
+
+
+def _logprob(tok: int) -> float:
+    return -tok / 10_000
+
+
+def answer_events(body: dict[str, Any], path: str, lengths: tuple[int, ...]) -> list[tuple[Record, bytes]]:
+    """The (record, data line) events of an answer to ``body``, from where its ``folio_resume`` left it:
+    a listed choice goes on after its tokens (a finished one is done), an unlisted one starts over. Chat
+    opens each choice (an event with no token); an unstreamed answer's events are records alone."""
+    chat, streamed, n = path.startswith("/v1/chat"), bool(body.get("stream")), int(body.get("n", 1))
+    resume = body.get(RESUME_FIELD)
+    listed = {c["index"]: c for c in resume["choices"]} if resume else {}
+    rid = resume["id"] if resume else "cmpl-0"
+    start = {}
+    for i in range(n):
+        choice = listed.get(i)
+        ids = choice["token_ids"] if choice else []
+        assert ids == [token(i, k) for k in range(len(ids))], f"choice {i} resumed with {ids}"
+        start[i] = _length(lengths, i) if choice and choice.get("finish_reason") else len(ids)
+    events: list[tuple[Record, bytes]] = []
+
+    def data(i: int, piece: dict[str, Any], finish: str | None) -> bytes:
+        if not streamed:
+            return b""
+        choice = {"index": i, "delta": piece} if chat else {"index": i, "text": piece["content"]}
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        return json.dumps({"id": rid, "object": kind, "created": CREATED,
+                           "choices": [{**choice, "finish_reason": finish}]}).encode()
+
+    if chat:
+        events += [(Record(index=i, token_ids=()), data(i, {"role": "assistant", "content": ""}, None))
+                   for i in range(n) if i not in listed]
+    for k in range(max(_length(lengths, i) for i in range(n))):
+        for i in range(n):
+            if not start[i] <= k < _length(lengths, i):
+                continue
+            tok = token(i, k)
+            finish = "length" if k == _length(lengths, i) - 1 else None
+            logprobs = [[[tok, _logprob(tok)]]] if not streamed and body.get("logprobs") else None
+            record = Record(index=i, token_ids=(tok,), finish_reason=finish, logprobs=logprobs)
+            events.append((record, data(i, {"content": f" t{tok}"}, finish)))
+    return events
+
+
+def whole_answer(body: dict[str, Any], path: str, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """An unstreamed answer, whole (the same however many seams it had); its logprobs are those the
+    ``folio_resume`` carried, then this answer's own, so a continuation that lost them shows."""
+    chat, n = path.startswith("/v1/chat"), int(body.get("n", 1))
+    resume = body.get(RESUME_FIELD) or {"id": "cmpl-0", "choices": []}
+    listed = {c["index"]: c for c in resume["choices"]}
+    choices = []
+    for i in range(n):
+        tokens = [token(i, k) for k in range(_length(lengths, i))]
+        text = "".join(f" t{tok}" for tok in tokens)
+        choice: dict[str, Any] = {"index": i, "finish_reason": "length"}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if body.get("logprobs"):
+            carried = [entry[0][1] for entry in listed.get(i, {}).get("logprobs") or []]
+            done = len(listed[i]["token_ids"]) if i in listed else 0
+            choice["logprobs"] = {"token_logprobs": carried + [_logprob(tok) for tok in tokens[done:]]}
+        choices.append(choice)
+    return {"id": resume["id"], "object": "chat.completion" if chat else "text_completion", "created": CREATED,
+            "choices": choices}
+
+
+def expected_stream(body: dict[str, Any], path: str, lengths: tuple[int, ...] = (4,)) -> bytes:
+    """What a client of an uninterrupted streamed answer gets: its data events and [DONE], no record."""
+    events = answer_events({k: v for k, v in body.items() if k != RESUME_FIELD}, path, lengths)
+    return b"".join(b"data: " + data + b"\n\n" for _, data in events) + b"data: [DONE]\n\n"

@@ -12,6 +12,7 @@ from typing import Any
 
 from folio.engine.output_text import OutputText
 from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from folio.engine.resume import Replay
 from folio.engine.sampling_params import SamplingParams
 
 BOS, EOS, OFFSET = 1, 2, 3  # ids 0..2 are special; byte b is token b + OFFSET
@@ -82,7 +83,12 @@ class FakeEngine:
     # ---------------------------------------------------------------- contract
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        group: str | None = None,
+        resume: Replay | None = None,
     ) -> None:  # FIFO: fair queueing is the real scheduler's (tests/engine/test_scheduler.py)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if request_id in self.running or any(s.request_id == request_id for s in self.waiting):
@@ -91,7 +97,12 @@ class FakeEngine:
         if len(ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) > {limit}")
         rng = None if params.temperature == 0 else random.Random(params.seed)
-        self.waiting.append(_Seq(request_id, ids, params, time.monotonic(), rng))
+        seq = _Seq(request_id, ids, params, time.monotonic(), rng)
+        if resume is not None:  # a continuation: its tokens as already generated, its text state as replayed
+            assert not resume.finished
+            seq.out, seq.text = list(resume.token_ids), resume.text
+            seq.decoded_chars = len(self.tokenizer.decode(seq.out))
+        self.waiting.append(seq)
 
     def abort_request(self, request_id: str) -> None:
         self.waiting = [s for s in self.waiting if s.request_id != request_id]

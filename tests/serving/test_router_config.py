@@ -7,6 +7,7 @@ from folio.operator.spec import (
     CanaryStatus,
     InferenceServiceStatus,
     LoadBalancingSpec,
+    MigrationSpec,
     OutlierDetectionSpec,
     TrafficTarget,
 )
@@ -52,7 +53,7 @@ def test_the_wire_form_is_what_the_file_source_reads() -> None:
     assert RouterConfig.parse(cfg.to_wire()) == cfg
     assert set(cfg.to_wire()) == {
         "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
-        "loadBalancing",
+        "loadBalancing", "migration",
     }  # fmt: skip
 
 
@@ -72,6 +73,21 @@ def test_the_spec_outlier_detection_reaches_the_router() -> None:
         "outlier_detection": OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")})})
     cfg = router_config(RoutedSpec.of(spec), status(("s1", 100)), {"s1": ["http://a:1"]})
     assert cfg.outlier_detection == OutlierDetectionSpec(consecutive_errors=2, base_ejection_time="5s")
+
+
+def test_the_spec_migration_reaches_the_router_in_both_runtimes() -> None:
+    spec = make_spec()
+    default = router_config(RoutedSpec.of(spec), status(("s1", 100)), {}).migration
+    assert (default.max_attempts, default.inter_chunk_timeout_seconds) == (3, 30.0)
+    chosen = MigrationSpec(max_attempts=0, inter_chunk_timeout="1500ms")
+    spec = spec.model_copy(update={"router": spec.router.model_copy(update={"migration": chosen})})
+    cfg = router_config(RoutedSpec.of(spec), status(("s1", 100)), {"s1": ["http://a:1"]})
+    assert cfg.migration == chosen
+    assert cfg.to_wire()["migration"] == {"maxAttempts": 0, "interChunkTimeout": "1500ms"}  # `folio up`'s file
+    assert RouterConfig.parse(cfg.to_wire()).migration == chosen
+    assert RoutedSpec.from_wire(spec.to_wire())[0].router.migration == chosen  # the in-cluster watch
+    bad = RouterConfig.parse({**cfg.to_wire(), "migration": {"maxAttempts": 11}})
+    assert bad.migration == MigrationSpec() and "migration" in bad.problems[0]  # dropped, not the whole config
 
 
 def test_the_analysis_request_timeout_reaches_the_router() -> None:

@@ -176,12 +176,13 @@ def test_the_sites_differ_in_their_own_rules_only() -> None:
     assert CLUSTER.max_replicas == MAX_REPLICAS and THIS_MACHINE.max_replicas == LOCAL_MAX_REPLICAS
 
 
-FAULTS = {"faultErrorRate": 0.5, "faultLatencyMs": 200, "faultLogitNoise": 0.1}
+FAULTS = {"faultErrorRate": 0.5, "faultLatencyMs": 200, "faultLogitNoise": 0.1, "faultCrashAfterTokens": 64}
 
 
 @pytest.mark.parametrize(("key", "flag"), [("faultErrorRate", "--fault-error-rate"),
                                            ("faultLatencyMs", "--fault-latency-ms"),
-                                           ("faultLogitNoise", "--fault-logit-noise")])  # fmt: skip
+                                           ("faultLogitNoise", "--fault-logit-noise"),
+                                           ("faultCrashAfterTokens", "--fault-crash-after-tokens")])  # fmt: skip
 def test_fault_injection_is_refused_in_a_cluster_unless_the_operator_allows_it(key: str, flag: str) -> None:
     body = spec(engine={"args": {"maxNumSeqs": 8, key: FAULTS[key]}})
     (problem,) = validate("chat", body, CLUSTER)
@@ -240,6 +241,7 @@ def test_non_finite_numbers_are_refused(body: dict[str, Any], path: str) -> None
         (spec(rollout={"steps": [{"weight": 5, "pause": "1m"}, {"weight": 10, "pause": "10000h"}]}),
          "spec.rollout.steps[1].pause"),
         (spec(autoscaling={"scaleDownDelay": "99999999999999999999h"}), "spec.autoscaling.scaleDownDelay"),
+        (spec(router={"migration": {"interChunkTimeout": "9000h"}}), "spec.router.migration.interChunkTimeout"),
     ],
 )  # fmt: skip
 def test_durations_over_a_year_are_refused(body: dict[str, Any], path: str) -> None:

@@ -32,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -67,14 +69,21 @@ def run_upstream(port: int) -> None:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    # Listening on several loopback addresses: the router sees that many replicas (and PrefixHash its ring).
+    serve_completions(complete, list(LOOPBACKS), port)
+
+
+def serve_completions(complete: Callable[[Any], Awaitable[Any]], hosts: list[str], port: int) -> None:
+    """A fake engine's app: ``complete`` answers /v1/completions, /health says ok."""
+    from aiohttp import web
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/health", health)
-    # Listening on several loopback addresses: the router sees that many replicas (and PrefixHash its ring).
-    web.run_app(app, host=list(LOOPBACKS), port=port, access_log=None, print=None)
+    web.run_app(app, host=hosts, port=port, access_log=None, print=None)
 
 
 # ------------------------------------------------------------------------------- measuring
@@ -245,13 +254,7 @@ def run_stream_upstream(port: int, tokens: int) -> None:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    serve_completions(complete, ["127.0.0.1"], port)
 
 
 async def migration_overhead(args: argparse.Namespace) -> None:

@@ -49,23 +49,24 @@ class Resumption:
         return {i for i, c in self.carried.items() if c.finished}
 
 
+@dataclass(frozen=True)
+class Against:
+    """What the carried choices are checked and replayed against: the model, and what the answer shows."""
+
+    tokenizer: Any
+    vocab_size: int | None
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    need_logprobs: bool  # the whole answer shows them (unstreamed): the client must carry those it has
+    need_prompt_logprobs: bool
+
+
 def prepare(
-    field: FolioResume,
-    prompts: list[Prompt],
-    n: int,
-    params: Callable[[int], SamplingParams],
-    *,
-    tokenizer: Any,
-    vocab_size: int | None,
-    eos_token_ids: frozenset[int],
-    max_model_len: int,
-    need_logprobs: bool,
-    need_prompt_logprobs: bool,
+    field: FolioResume, prompts: list[Prompt], n: int, params: Callable[[int], SamplingParams], against: Against
 ) -> Resumption:
     """Checks ``field`` against the request (a 400 naming `RESUME_FIELD` when it does not fit) and replays
-    each listed choice's tokens. ``params(i)``: choice i's sampling parameters. ``need_logprobs`` /
-    ``need_prompt_logprobs``: the whole answer shows them, so the client must carry those it has. Runs the
-    detokenizer over every carried token: call it off the event loop."""
+    each listed choice's tokens. ``params(i)``: choice i's sampling parameters. Runs the detokenizer over
+    every carried token: call it off the event loop."""
     total = len(prompts) * n
     carried: dict[int, Carried] = {}
     for entry in field.choices:
@@ -73,45 +74,31 @@ def prepare(
             raise _bad(f"choice index {entry.index} is out of range: the request has {total} choice(s)")
         if entry.index in carried:
             raise _bad(f"choice index {entry.index} is listed twice")
-        carried[entry.index] = _carried(
-            entry, prompts[entry.index // n], params(entry.index), tokenizer=tokenizer, vocab_size=vocab_size,
-            eos_token_ids=eos_token_ids, max_model_len=max_model_len, need_logprobs=need_logprobs,
-            need_prompt_logprobs=need_prompt_logprobs,
-        )  # fmt: skip
+        carried[entry.index] = _carried(entry, prompts[entry.index // n], params(entry.index), against)
     return Resumption(field.id, field.created, carried)
 
 
-def _carried(
-    entry: ResumeChoice,
-    prompt: Prompt,
-    params: SamplingParams,
-    *,
-    tokenizer: Any,
-    vocab_size: int | None,
-    eos_token_ids: frozenset[int],
-    max_model_len: int,
-    need_logprobs: bool,
-    need_prompt_logprobs: bool,
-) -> Carried:
+def _carried(entry: ResumeChoice, prompt: Prompt, params: SamplingParams, against: Against) -> Carried:
     where = f"choice {entry.index}"
     ids = entry.token_ids
     if ids:
         try:
-            rules.check_prompt_ids(ids, vocab_size, RESUME_FIELD)
+            rules.check_prompt_ids(ids, against.vocab_size, RESUME_FIELD)
         except rules.RuleError as exc:
             raise _bad(f"{where}: {exc.message}") from exc
     logprobs = None
-    if need_logprobs:
+    if against.need_logprobs:
         if entry.logprobs is None or len(entry.logprobs) != len(ids):
             raise _bad(f"{where}: the request asks for logprobs; give one entry per token")
         logprobs = [dict(pairs) for pairs in entry.logprobs]
     prompt_logprobs = None
-    if need_prompt_logprobs:
+    if against.need_prompt_logprobs:
         if entry.prompt_logprobs is None or len(entry.prompt_logprobs) != len(prompt.token_ids):
             raise _bad(f"{where}: the request echoes the prompt's logprobs; give one entry per prompt token")
         prompt_logprobs = [None if pairs is None else dict(pairs) for pairs in entry.prompt_logprobs]
     try:
-        state = replay(tokenizer, prompt.token_ids, params, ids, eos_token_ids=eos_token_ids, max_model_len=max_model_len)
+        state = replay(against.tokenizer, prompt.token_ids, params, ids, eos_token_ids=against.eos_token_ids,
+                       max_model_len=against.max_model_len)  # fmt: skip
     except ValueError as exc:
         raise _bad(f"{where}: {exc}") from exc
     except Exception as exc:  # the tokenizer choked on the client's tokens: their fault, not a 500

@@ -31,7 +31,7 @@ from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER,
 from folio.engine.server.errors import OpenAIError, bad_request, rejected, unavailable
 from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import SamplingRequest
-from folio.engine.server.resumption import Resumption, prepare
+from folio.engine.server.resumption import Against, Resumption, prepare
 from folio.engine.server.sse import EventStream
 
 T = TypeVar("T")
@@ -174,11 +174,13 @@ class OpenAIServing:
             lambda: prepare(
                 req.folio_resume, prompts, req.n,  # type: ignore[arg-type]
                 lambda i: self.choice_params(req, i, max_tokens, logprobs),
-                tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                eos_token_ids=getattr(self.engine.engine, "eos_token_ids", frozenset()),
-                max_model_len=self.config.max_model_len,
-                need_logprobs=logprobs is not None and not req.stream,
-                need_prompt_logprobs=echo and logprobs is not None and not req.stream,
+                Against(
+                    tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                    eos_token_ids=getattr(self.engine.engine, "eos_token_ids", frozenset()),
+                    max_model_len=self.config.max_model_len,
+                    need_logprobs=logprobs is not None and not req.stream,
+                    need_prompt_logprobs=echo and logprobs is not None and not req.stream,
+                ),
             )
         )  # fmt: skip
 

@@ -170,7 +170,8 @@ class Answer:
         return web.Response(status=resp.status, reason=resp.reason, body=final, headers=headers)
 
     def _seen(self) -> None:
-        """An unstreamed answer's byte arrived (its client sees none until the end: the gap is upstream's)."""
+        """A byte went to the client (unstreamed: arrived for it, since its client sees none until the end):
+        the end of a seam's gap, if one is open."""
         now = perf_counter()
         if self._gap is not None:
             revision, since = self._gap
@@ -184,12 +185,7 @@ class Answer:
             self.capture.add(block)
         if not await write(self.out, block, resp):
             return False
-        now = perf_counter()
-        if self._gap is not None:
-            revision, since = self._gap
-            self._gap = None
-            self._metrics.seam_gap(revision, now - since)
-        self._last = now
+        self._seen()
         return True
 
     def _broke(self, revision: str, reason: str, detail: str, stalled: float | None = None) -> Seam:

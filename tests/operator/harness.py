@@ -20,7 +20,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import jsonpatch
 import kmock
@@ -364,3 +364,22 @@ async def operator_processes(server: kmock.KubernetesEmulator, tmp_path: Path) -
         yield replicas
     finally:
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in replicas.started))
+
+
+class Background:
+    """``async with`` it: its ``_run`` goes on as a task while inside, and is cancelled on the way out."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -21,6 +21,7 @@ from folio.operator.router.metrics import RouterMetrics
 from tests.operator.harness import (
     NAMESPACE,
     ApiServer,
+    Background,
     Cluster,
     eventually,
     isvc_manifest,
@@ -134,7 +135,7 @@ async def test_a_failing_canary_is_rolled_back_on_the_analysis_clock(cluster: Cl
     assert elapsed <= failure_limit * interval + 2.0
 
 
-class SplitLoad:
+class SplitLoad(Background):
     """What the router pod reports while it follows status.traffic: 20 requests a second, split by
     the weights it last read, the canary failing ``canary_error_rate`` of its own."""
 
@@ -145,7 +146,6 @@ class SplitLoad:
         self.first_canary: float | None = None  # monotonic: when the router first sent the canary traffic
         self.last_canary: float | None = None  # ...and when it last did, before it stopped
         self.stopped = False
-        self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         sent = {"stable": 0.0, "canary": 0.0}
@@ -187,15 +187,6 @@ class SplitLoad:
         assert self.first_canary is not None and self.last_canary is not None and self.stopped
         return self.last_canary - self.first_canary
 
-    async def __aenter__(self) -> SplitLoad:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from tests.operator.harness import (
     NAMESPACE,
     PEERING,
     ApiServer,
+    Background,
     Cluster,
     OperatorProcess,
     declare_peering,
@@ -73,12 +74,11 @@ async def _logged(p: OperatorProcess, text: str) -> bool:
 
 
 @dataclass
-class Recorder:
+class Recorder(Background):
     """Everything status said, polled every 100 ms: the rollout's steps and analysis as the cluster saw them."""
 
     cluster: Cluster
     seen: list[dict[str, Any]] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
@@ -93,15 +93,6 @@ class Recorder:
                 self.seen.append(entry)
             await asyncio.sleep(0.1)
 
-    async def __aenter__(self) -> Recorder:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
     def first_after(self, t: float) -> dict[str, Any] | None:
         """The first sample recorded after monotonic ``t`` that a fresh replica took (its routers' baseline)."""

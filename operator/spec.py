@@ -230,6 +230,18 @@ class MigrationSpec(Model):
         return parse_duration(self.inter_chunk_timeout)
 
 
+class GatewayRef(Model):
+    """The Gateway (gateway.networking.k8s.io) an InferenceService's HTTPRoute attaches to: the platform's."""
+
+    name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63, description="Its namespace; unset: the InferenceService's."
+    )
+    section_name: str | None = Field(
+        default=None, min_length=1, max_length=253, description="One listener of the Gateway; unset: all of them."
+    )
+
+
 class RouterSpec(Model):
     replicas: int = Field(default=2, ge=0, le=MAX_ROUTER_REPLICAS)
     image: str | None = Field(default=None, description="Defaults to the operator's own image.")
@@ -240,7 +252,12 @@ class RouterSpec(Model):
     inference_pool: bool | None = Field(
         default=None,
         description="Also publish a Gateway API inference-extension InferencePool "
-        "(inference.networking.k8s.io/v1) over the engine pods; unset: the operator's default.",
+        "(inference.networking.k8s.io/v1) per revision over its engine pods; unset: the operator's default.",
+    )
+    gateway: GatewayRef | None = Field(
+        default=None,
+        description="With InferencePools: the Gateway an HTTPRoute named after the InferenceService attaches to, "
+        "splitting its traffic over the revisions' pools by status.traffic. Unset: the pools alone, no route.",
     )
 
 
@@ -418,6 +435,17 @@ class NetworkPolicySpec(Model):
         default=None,
         description="Also admit pods in namespaces with these labels to the engines' metrics port (Prometheus "
         "scraping their /metrics, e.g. {kubernetes.io/metadata.name: monitoring}); never to their API port.",
+    )
+    gateway_namespace_labels: dict[str, str] | None = Field(
+        default=None,
+        description="While InferencePools are published, also admit pods in namespaces with these labels (the "
+        "Gateway's proxies) to the engines' API port; with gatewayPodLabels, only those pods there. Unset with "
+        "gatewayPodLabels unset: no gateway is admitted.",
+    )
+    gateway_pod_labels: dict[str, str] | None = Field(
+        default=None,
+        description="While InferencePools are published, also admit pods with these labels (in the namespaces of "
+        "gatewayNamespaceLabels, else in this one: e.g. the pools' endpoint pickers) to the engines' API port.",
     )
 
 

@@ -6,6 +6,7 @@ Folio may create (every kind of `MANAGED_KINDS` outside Kubernetes' own groups),
 | kind                                           | asked for by                                         | reason when absent          |
 | ---------------------------------------------- | ---------------------------------------------------- | --------------------------- |
 | InferencePool (inference.networking.k8s.io/v1) | spec.router.inferencePool (or --inference-pool)      | InferencePoolUnavailable    |
+| HTTPRoute (gateway.networking.k8s.io/v1)       | spec.router.gateway, with InferencePools             | HTTPRouteUnavailable        |
 | ScaledObject (keda.sh/v1alpha1)                | spec.autoscaling.keda                                | ScaledObjectUnavailable     |
 
 A service that asks for none of them never looks (no discovery call, nothing in status). Where the CRD
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from folio.operator.k8s.client import Kube
-from folio.operator.k8s.names import INFERENCE_POOL, PLURALS, SCALED_OBJECT
+from folio.operator.k8s.names import HTTP_ROUTE, INFERENCE_POOL, PLURALS, SCALED_OBJECT
 from folio.operator.serving import keda
 from folio.operator.serving.inference_pool import wanted
 from folio.operator.serving.objects import PlanSettings
@@ -56,6 +57,15 @@ OPTIONALS: tuple[OptionalKind, ...] = (
         f"but the cluster does not serve {_crd(INFERENCE_POOL)} ({INFERENCE_POOL[0]}): install the Gateway "
         f"API inference extension's CRDs. Serving goes on through Folio's router without it",
         lambda spec, settings: wanted(spec.router.inference_pool, settings.inference_pool),
+    ),
+    OptionalKind(
+        HTTP_ROUTE,
+        "HTTPRouteUnavailable",
+        f"an HTTPRoute over the InferencePools is asked for (spec.router.gateway), but the cluster does not serve "
+        f"{_crd(HTTP_ROUTE)} ({HTTP_ROUTE[0]}): install the Gateway API's CRDs. Serving goes on through "
+        f"Folio's router without it",
+        lambda spec, settings: spec.router.gateway is not None
+        and wanted(spec.router.inference_pool, settings.inference_pool),
     ),
     OptionalKind(
         SCALED_OBJECT,

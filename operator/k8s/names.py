@@ -32,6 +32,8 @@ ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{is
 
 # The Gateway API inference extension's pool (opt-in, `folio.operator.serving.inference_pool`).
 INFERENCE_POOL: tuple[str, str] = ("inference.networking.k8s.io/v1", "InferencePool")  # (apiVersion, kind)
+# The Gateway API route that splits a Gateway's traffic over those pools by status.traffic.
+HTTP_ROUTE: tuple[str, str] = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 SCALED_OBJECT: tuple[str, str] = ("keda.sh/v1alpha1", "ScaledObject")  # KEDA's, with spec.autoscaling.keda
 
 # (apiVersion, kind) -> plural, for every kind Folio reads or writes.
@@ -51,6 +53,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     INFERENCE_POOL: "inferencepools",
+    HTTP_ROUTE: "httproutes",  # only with InferencePools and spec.router.gateway
     SCALED_OBJECT: "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
     (API_VERSION, KIND): PLURAL,
 }
@@ -65,6 +68,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     INFERENCE_POOL,  # opt-in; kopf skips it where its CRD is absent
+    HTTP_ROUTE,  # likewise, with the pools and a Gateway to attach to
     # Without KEDA in the cluster kopf logs that it cannot watch these, and there are none to prune.
     SCALED_OBJECT,
 )
@@ -158,10 +162,21 @@ def network_policy_name(isvc: str) -> str:
     return f"{isvc}-engine"
 
 
-def endpoint_picker_name(isvc: str) -> str:
-    """The endpoint picker Service an InferencePool's ``endpointPickerRef`` names (what the upstream
-    inferencepool chart calls a pool's picker). Folio does not create it; the gateway's installation does."""
-    return f"{isvc}-epp"
+def inference_pool_name(isvc: str, revision: str) -> str:
+    """One revision's InferencePool (a kind of its own: no clash with the engine Deployment's name)."""
+    return f"{isvc}-{revision}"
+
+
+def endpoint_picker_name(isvc: str, revision: str) -> str:
+    """The endpoint picker Service a revision's InferencePool's ``endpointPickerRef`` names: the upstream
+    inferencepool chart's ``{pool}-epp``. One per pool, as an upstream picker serves exactly one pool (a
+    shared one would pick from its own pool whatever the route chose). Folio does not create it."""
+    return f"{inference_pool_name(isvc, revision)}-epp"
+
+
+def http_route_name(isvc: str) -> str:
+    """The HTTPRoute that splits a Gateway's traffic over the revisions' pools."""
+    return isvc
 
 
 # ------------------------------------------------------------------------- annotations

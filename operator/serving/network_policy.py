@@ -4,7 +4,9 @@ Engines have no authentication of their own (the router holds the API keys), so 
 the cluster could otherwise call them directly. `{isvc}-engine` has two ingress rules:
 
 - the engine (API) port admits only this InferenceService's router pods and the operator's pods
-  (its namespace and labels, when it knows them);
+  (its namespace and labels, when it knows them) and, while InferencePools are published, the gateway
+  (`spec.networkPolicy.gatewayNamespaceLabels` / `gatewayPodLabels`: its proxies, the pools' endpoint
+  pickers); neither set admits no gateway, so a pool never opens the engines to a whole cluster;
 - the metrics port (`folio serve --metrics-port`: `/metrics` alone) admits the operator's pods (the
   autoscaler reads it) and, if `spec.networkPolicy.metricsNamespaceLabels` is set, pods in
   namespaces with those labels (Prometheus), which thus never reach the API.
@@ -32,8 +34,10 @@ def engine_network_policy(
     operator_namespace: str | None,
     operator_labels: dict[str, str],
     meta: Obj,
+    pools: bool = False,
 ) -> Obj | None:
-    """The policy for ``isvc``'s engines, or None when the spec opts out. ``meta``: its metadata."""
+    """The policy for ``isvc``'s engines, or None when the spec opts out. ``meta``: its metadata;
+    ``pools``: InferencePools are published (a gateway reaches the engines past the router)."""
     settings = spec.network_policy
     if not settings.enabled:
         return None
@@ -42,6 +46,8 @@ def engine_network_policy(
         operator.append({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
                          "podSelector": {"matchLabels": dict(operator_labels)}})
     api_peers: list[Obj] = [{"podSelector": {"matchLabels": selector(isvc, "router")}}, *operator]
+    if pools:
+        api_peers += _gateway_peers(settings.gateway_namespace_labels, settings.gateway_pod_labels)
     metrics_peers: list[Obj] = list(operator)
     if settings.metrics_namespace_labels:
         metrics_peers.append({"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}})
@@ -59,6 +65,17 @@ def engine_network_policy(
             "ingress": ingress,
         },
     }
+
+
+def _gateway_peers(namespace_labels: dict[str, str] | None, pod_labels: dict[str, str] | None) -> list[Obj]:
+    """One peer for the gateway: both selectors together (AND); none when neither is set (an empty
+    selector would admit every pod, or every namespace)."""
+    peer: Obj = {}
+    if namespace_labels:
+        peer["namespaceSelector"] = {"matchLabels": dict(namespace_labels)}
+    if pod_labels:
+        peer["podSelector"] = {"matchLabels": dict(pod_labels)}
+    return [peer] if peer else []
 
 
 def policy_labels(isvc: str) -> dict[str, str]:

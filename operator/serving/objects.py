@@ -2,9 +2,12 @@
 
 Per running revision: an engine Deployment `{isvc}-{rev}` (zero replicas while its weights are not
 verified) and a headless Service of the same name, plus the pre-pull Job while those weights are
-pending, and with ``autoscaling.keda`` a KEDA ScaledObject (`folio.operator.serving.keda`).
+pending, and with ``autoscaling.keda`` a KEDA ScaledObject (`folio.operator.serving.keda`); with
+InferencePools an InferencePool (`folio.operator.serving.inference_pool`).
 Per service: the weights cache PVC, the router (Deployment and Service named after the
-InferenceService, its ServiceAccount, Role and RoleBinding) and PodDisruptionBudgets. Pure: the
+InferenceService, its ServiceAccount, Role and RoleBinding), PodDisruptionBudgets, the engines'
+NetworkPolicy and, with InferencePools and a Gateway, the HTTPRoute over them
+(`folio.operator.serving.http_route`). Pure: the
 same plan always gives the same objects, so drift repair is just "render again and apply".
 """
 
@@ -36,7 +39,8 @@ from folio.operator.k8s.names import (
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving import keda, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
-from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pool, wanted
+from folio.operator.serving.http_route import http_route
+from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pools, wanted
 from folio.operator.serving.network_policy import engine_network_policy, policy_labels
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.serving.security import harden
@@ -128,15 +132,26 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
             out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
+    pools = wanted(spec.router.inference_pool, settings.inference_pool)
     policy = engine_network_policy(
         owner.name, owner.namespace, spec, operator_namespace=settings.operator_namespace,
-        operator_labels=dict(settings.operator_labels),
+        operator_labels=dict(settings.operator_labels), pools=pools,
         meta=_meta(owner, network_policy_name(owner.name), policy_labels(owner.name)),
     )
     if policy is not None:
         out.append(policy)
-    if wanted(spec.router.inference_pool, settings.inference_pool):
-        out.append(inference_pool(owner.name, owner.namespace, ref, picker_port=settings.endpoint_picker_port))
+    if pools:
+        out += gateway_objects(serving, owner, settings)
+    return out
+
+
+def gateway_objects(serving: ServingPlan, owner: Owner, settings: PlanSettings) -> list[Obj]:
+    """A pool per running revision and, with a Gateway to attach to, the route that splits over them."""
+    ref, revisions = owner_reference(owner), [rev.name for rev in serving.revisions]
+    out = inference_pools(owner.name, owner.namespace, revisions, ref, picker_port=settings.endpoint_picker_port)
+    gateway = serving.spec.router.gateway
+    if gateway is not None:
+        out.append(http_route(owner.name, owner.namespace, gateway, revisions, serving.status.traffic, ref))
     return out
 
 

@@ -34,6 +34,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("", "configmaps"): frozenset({"get"}),
     # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
     ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    # ...and the HTTPRoute splitting a Gateway's traffic over those pools (spec.router.gateway)
+    ("gateway.networking.k8s.io", "httproutes"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # spec.autoscaling.keda: the planner's ScaledObjects, indexed like the rest (no get)
     ("keda.sh", "scaledobjects"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }
@@ -131,6 +133,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
         ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("gateway.networking.k8s.io", "httproutes"),
         ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"

@@ -12,6 +12,7 @@ import yaml
 from folio.operator.k8s import names
 from folio.operator.k8s.client import path
 from folio.operator.k8s.names import (
+    HTTP_ROUTE,
     INFERENCE_POOL,
     MANAGED_KINDS,
     PLURALS,
@@ -20,6 +21,8 @@ from folio.operator.k8s.names import (
     endpoint_picker_name,
     engine_name,
     has_labels,
+    http_route_name,
+    inference_pool_name,
     network_policy_name,
     override_annotation,
     revision_of_service,
@@ -30,7 +33,7 @@ OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 
 # Spellings that belong to operator/k8s/names.py alone, each with what to use instead.
 SPELLED_OUT = {
-    r'\}-epp"': "names.endpoint_picker_name(isvc)",
+    r'\}-epp"': "names.endpoint_picker_name(isvc, revision)",
     r'\}-engine"': "names.network_policy_name(isvc) (or disruption_budget_name(isvc, component))",
     r'\}-router"': "names.router_account_name(isvc)",
     r'\}-weights"': "names.cache_pvc_name(isvc)",
@@ -41,6 +44,7 @@ SPELLED_OUT = {
     r'f"\{DOMAIN\}/\{': "names.override_annotation(name) (or a constant beside it in names.py)",
     r"[\"']folio\.dev/": "names.override_annotation(name) (or a constant beside it in names.py)",
     r"[\"']inference\.networking\.k8s\.io/": "names.INFERENCE_POOL",
+    r"[\"']gateway\.networking\.k8s\.io/": "names.HTTP_ROUTE",
     r"[\"']keda\.sh/": "names.SCALED_OBJECT",
 }
 # Known spellings someone is removing right now: (file under operator/, pattern). Each must still be there
@@ -96,12 +100,16 @@ def test_the_namespace_is_the_pod_s_then_the_environment_s_then_the_context_s(
 
 
 def test_names_of_the_optional_and_derived_objects() -> None:
-    assert endpoint_picker_name("chat") == "chat-epp"
+    assert inference_pool_name("chat", "r1") == "chat-r1"  # one pool per revision
+    assert endpoint_picker_name("chat", "r1") == "chat-r1-epp"  # the upstream chart's {pool}-epp
+    assert http_route_name("chat") == "chat"
     assert network_policy_name("chat") == "chat-engine"
     assert override_annotation("promote") == "folio.dev/promote"
     assert INFERENCE_POOL == ("inference.networking.k8s.io/v1", "InferencePool")
     assert SCALED_OBJECT == ("keda.sh/v1alpha1", "ScaledObject")
     assert PLURALS[INFERENCE_POOL] == "inferencepools" and INFERENCE_POOL in MANAGED_KINDS
+    assert HTTP_ROUTE == ("gateway.networking.k8s.io/v1", "HTTPRoute")
+    assert PLURALS[HTTP_ROUTE] == "httproutes" and HTTP_ROUTE in MANAGED_KINDS
 
 
 def test_no_module_but_names_spells_a_name_port_or_annotation_out() -> None:

@@ -8,6 +8,7 @@ old behaviour, but a clean error event instead of a cut.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -282,8 +283,9 @@ def test_sigstop_streams_move_after_the_inter_chunk_timeout(smol: Smol) -> None:
     os.kill(victim, signal.SIGSTOP)
     try:
         join(threads)
-    finally:
-        os.kill(victim, signal.SIGCONT)
+    finally:  # (`folio up` kills an engine that fails its health probes long enough, and starts another)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
     assert_exact(smol, streams, refs)
     moved = migrations(smol, reason="timeout", outcome="continued") - before
     assert moved >= 1

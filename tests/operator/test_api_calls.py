@@ -67,7 +67,8 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
     cluster.kube.client.set_default_header(TEST_CLIENT, "1")
     manifest = isvc_manifest(
         overflow={"url": "https://api.example", "apiKeySecretRef": {"name": "overflow-key"}},
-        router={"inferencePool": True},  # opt-in, so only a lifecycle that asks for one calls its verbs
+        # opt-in, so only a lifecycle that asks for them calls their verbs (the pools', the route's)
+        router={"inferencePool": True, "gateway": {"name": "inference-gateway"}},
     )
     async with running_operator(cluster.server):
         await bring_up(cluster, manifest)

@@ -10,7 +10,7 @@ import pytest
 
 from folio.operator.controller.discovery import OPTIONAL, OPTIONALS, Discovery, asked_for
 from folio.operator.k8s.client import Kube
-from folio.operator.k8s.names import MANAGED_KINDS, SCALED_OBJECT
+from folio.operator.k8s.names import HTTP_ROUTE, MANAGED_KINDS, SCALED_OBJECT
 from folio.operator.serving.inference_pool import API_VERSION, KIND, PLURAL
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import InferenceServiceSpec
@@ -31,6 +31,7 @@ POOLS = f"{API_VERSION}/{PLURAL}"
 REASON = OPTIONAL[(API_VERSION, KIND)][0]
 KEDA_REASON = OPTIONAL[SCALED_OBJECT][0]
 PROMETHEUS = {"analysis": {"prometheus": {"url": "http://prometheus:9090"}}}
+GATEWAY = {"name": "inference-gateway"}
 KEDA = {"minReplicas": 1, "maxReplicas": 2, "metric": "InFlight", "target": 2, "keda": True}
 # The groups Kubernetes itself serves: every other kind Folio creates is optional (its CRD may be absent).
 BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
@@ -40,7 +41,8 @@ BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "rbac.authorization.k8s.io", "
 def test_every_kind_from_someone_elses_crd_is_checked_as_optional() -> None:
     foreign = {kind for kind in MANAGED_KINDS if kind[0].rpartition("/")[0] not in BUILT_IN_GROUPS}
     assert foreign == set(OPTIONAL) == {o.kind for o in OPTIONALS}
-    assert {o.reason for o in OPTIONALS} == {"InferencePoolUnavailable", "ScaledObjectUnavailable"}
+    assert {o.reason for o in OPTIONALS} == {"InferencePoolUnavailable", "HTTPRouteUnavailable",
+                                             "ScaledObjectUnavailable"}
     for o in OPTIONALS:  # each message names the CRD to install
         assert o.message.count(".") and o.kind[0] in o.message, o.message
 
@@ -56,6 +58,10 @@ def test_every_kind_from_someone_elses_crd_is_checked_as_optional() -> None:
         ({"autoscaling": KEDA, "rollout": PROMETHEUS}, PlanSettings(), [SCALED_OBJECT]),
         ({"autoscaling": KEDA, "rollout": PROMETHEUS, "router": {"inferencePool": True}}, PlanSettings(),
          [(API_VERSION, KIND), SCALED_OBJECT]),
+        # an HTTPRoute only with the pools and a Gateway to attach it to
+        ({"router": {"inferencePool": True, "gateway": GATEWAY}}, PlanSettings(), [(API_VERSION, KIND), HTTP_ROUTE]),
+        ({"router": {"gateway": GATEWAY}}, PlanSettings(inference_pool=True), [(API_VERSION, KIND), HTTP_ROUTE]),
+        ({"router": {"inferencePool": False, "gateway": GATEWAY}}, PlanSettings(inference_pool=True), []),
     ],
 )
 def test_asked_for_lists_the_optional_kinds_a_spec_needs(
@@ -84,7 +90,7 @@ async def test_a_missing_inference_pool_crd_is_reported_and_serving_goes_on(clus
         assert await cluster.get("apps/v1", "Deployment", f"chat-{rev}") is not None  # the engine
         assert await cluster.get("apps/v1", "Deployment", "chat") is not None  # the router
         # nothing was sent where nothing can hold it (the emulator would have stored it all the same)
-        assert await cluster.get(API_VERSION, KIND, "chat") is None
+        assert await cluster.get(API_VERSION, KIND, f"chat-{rev}") is None  # a pool per revision
         events = await eventually(lambda: cluster.events(REASON), what="a Warning Event")
         assert events[0]["type"] == "Warning"
 
@@ -93,7 +99,7 @@ async def test_a_missing_inference_pool_crd_is_reported_and_serving_goes_on(clus
             kind=KIND, namespaced=True, subresources={"status"},
             verbs={"get", "list", "watch", "patch", "create", "delete"},
         )  # fmt: skip
-        await eventually(lambda: cluster.get(API_VERSION, KIND, "chat"), what="the InferencePool")
+        await eventually(lambda: cluster.get(API_VERSION, KIND, f"chat-{rev}"), what="the InferencePool")
 
         async def recovered() -> bool:
             return condition(await cluster.isvc(), "Degraded")["status"] == "False"

@@ -90,3 +90,33 @@ def test_operator_pod_labels_flag() -> None:
     assert parse_labels("") == ()
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_labels("novalue")
+
+
+GATEWAY_NS = {"kubernetes.io/metadata.name": "gateway-system"}
+GATEWAY_PODS = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
+
+
+def test_with_inference_pools_the_gateway_reaches_the_api_port_and_nothing_else() -> None:
+    spec = make_spec(router={"inferencePool": True, "gateway": {"name": "inference-gateway"}},
+                     networkPolicy={"gatewayNamespaceLabels": GATEWAY_NS, "gatewayPodLabels": GATEWAY_PODS})
+    policy = _planned(spec, OPERATOR, revision(spec))[("NetworkPolicy", "chat-engine")]
+    kubernetes_validate.validate(policy, "1.30", strict=True)
+    gateway = {"namespaceSelector": {"matchLabels": GATEWAY_NS}, "podSelector": {"matchLabels": GATEWAY_PODS}}
+    assert _ports_admitting(policy, gateway) == {8000}  # one peer: those pods in those namespaces (AND)
+    # pod labels alone: those pods in the service's own namespace (e.g. the pools' endpoint pickers)
+    pickers = make_spec(router={"inferencePool": True}, networkPolicy={"gatewayPodLabels": {"app": "epp"}})
+    policy = _planned(pickers, OPERATOR, revision(pickers))[("NetworkPolicy", "chat-engine")]
+    assert _ports_admitting(policy, {"podSelector": {"matchLabels": {"app": "epp"}}}) == {8000}
+
+
+def test_the_gateway_is_admitted_only_while_pools_are_published_and_only_when_named() -> None:
+    labels = {"gatewayNamespaceLabels": GATEWAY_NS}
+    without_pools = make_spec(networkPolicy=labels)  # the spec names a gateway but publishes no pool
+    defaults = make_spec(router={"inferencePool": True})  # pools, and no gateway selectors: none admitted
+    empty = make_spec(router={"inferencePool": True},
+                      networkPolicy={"gatewayNamespaceLabels": {}, "gatewayPodLabels": {}})  # never "everyone"
+    for spec in (without_pools, defaults, empty):
+        policy = _planned(spec, OPERATOR, revision(spec))[("NetworkPolicy", "chat-engine")]
+        api_rule = policy["spec"]["ingress"][0]
+        assert len(api_rule["from"]) == 2, api_rule  # the routers and the operator, as without pools
+        assert all(peer for peer in api_rule["from"])

@@ -36,6 +36,7 @@ from folio.operator.spec import DOMAIN, GROUP, PLURAL, SCALE_UP_ANNOTATION, VERS
 
 MAX_BACKOFF_S = 60.0  # API failures: 1, 2, 4 ... 60 s
 UNEXPECTED_BACKOFF_S = 30.0
+OWN_OBJECTS = f"{MANAGED_BY_LABEL}={MANAGED_BY}"  # the label selector of every child and pod the operator watches
 # On deletion or shutdown the clock gets this long to finish a pass in flight before it is cancelled.
 CLOCK_GRACE_S = 60.0
 
@@ -65,6 +66,12 @@ def configure(settings: kopf.OperatorSettings, *, watch_timeout_s: float = 300.0
     # Neither mode lists namespaces or watches CRDs cluster-wide (the chart grants neither): kopf takes
     # the namespaces as given, and a CRD installed after the start is handed to it by `watches.Watches`.
     settings.scanning.disabled = True
+    # Children and pods are watched with a server-side label selector (the handlers' `labels=` filter is
+    # kopf's own, after the API server has sent every object): in all-namespaces mode the operator's memory
+    # and watch traffic follow the number of Folio's objects, not the cluster's. InferenceServices: all.
+    for api_version, kind in INDEXED_KINDS:
+        group, _, version = api_version.rpartition("/")
+        settings.watching.label_selectors[group, version, PLURALS[(api_version, kind)]] = OWN_OBJECTS
     if peering:  # two operator replicas: one is active, the other waits (needs kopf's peering CRDs)
         settings.peering.name = peering
         # Required (a name was given): a replica starts paused and acts only once the peering object shows
@@ -83,7 +90,7 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     for api_version, kind in INDEXED_KINDS:
         group, _, version = api_version.rpartition("/")
         child = {"group": group, "version": version, "plural": PLURALS[(api_version, kind)],
-                 "labels": {MANAGED_BY_LABEL: MANAGED_BY}, "registry": registry}
+                 "labels": {MANAGED_BY_LABEL: MANAGED_BY}, "registry": registry}  # as OWN_OBJECTS, in kopf too
         kopf.index(**child, id=index_id(kind))(index_child)
         kopf.on.event(**child, id=f"{index_id(kind)}_changed")(on_child_event)
     resource = (GROUP, VERSION, PLURAL)

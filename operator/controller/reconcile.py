@@ -11,6 +11,7 @@ API failures are raised for the handler to back off.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -115,12 +116,30 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, *, trigger: str, logger: l
             metrics.DURATION.labels(trigger=trigger).observe(time.monotonic() - started)
 
 
+def _known(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any] | None:
+    """The object as kopf's watch last delivered it, when that is the version the previous pass left.
+
+    kopf keeps one body per object, replaced by every watch event before any handler runs. When its
+    resourceVersion is the one the previous pass read or wrote, nothing has changed since that kopf has
+    not been told of, and status (the rollout's memory) is the previous pass's own: no need to read it
+    again. That makes an idle clock's pass free of API requests (issue 44: watches, not polling); a
+    change anyone else makes arrives as an event (a spec change, an override annotation) and is read.
+    """
+    version = body.metadata.get("resourceVersion")
+    if version is None or memo.get("seen_version") != version:
+        return None
+    return copy.deepcopy(dict(body))
+
+
 async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                 indexes: Mapping[str, Any]) -> str:
-    # Read the object afresh rather than trusting the event's body: status is the rollout's
-    # memory, and the previous pass (maybe from another trigger) has just written it.
-    obj = await call(ctx.kube.get, API_VERSION, KIND, body.meta.namespace, body.meta.name)
+    # Read the object afresh unless the watch has delivered what the previous pass left (`_known`):
+    # status is the rollout's memory, and the previous pass (maybe from another trigger) has just written it.
+    obj = _known(body, memo)
+    if obj is None:
+        obj = await call(ctx.kube.get, API_VERSION, KIND, body.meta.namespace, body.meta.name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
+        memo.pop("seen_version", None)
         return "gone"
     isvc = Isvc(obj)
     schedule = ctx.schedule(isvc.namespace, isvc.name)
@@ -132,6 +151,8 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
                              body, logger, site=ctx.site, watches=ctx.watches)
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
+    memo["seen_version"] = None  # until the pass has ended: a failed one leaves the next to read afresh
     outcome = await run_pass(runtime, memo_part(memo, "pass", lambda: Memory(isvc.name)), target)
+    memo["seen_version"] = runtime.written_version or isvc.meta.get("resourceVersion")
     schedule.after(outcome.decision.requeue_after)
     return "invalid" if outcome.problems else "ok"

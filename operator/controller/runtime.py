@@ -105,6 +105,8 @@ class ClusterRuntime:
     watches: Watches | None = None  # kopf's watched resources (`Context.watches`)
     # the optional kinds asked for that the cluster does not serve (set by `observe`)
     missing: tuple[tuple[str, str], ...] = ()
+    # the InferenceService's resourceVersion after this pass's own writes (None: it wrote nothing)
+    written_version: str | None = None
 
     @property
     def keda(self) -> bool:
@@ -185,8 +187,8 @@ class ClusterRuntime:
         """Merge-patch only what changed; nothing at all when nothing did (no churn, no watch events)."""
         diff = merge_diff(self.isvc.status, new.to_wire())
         if diff:
-            await call(self.kube.merge_patch, API_VERSION, KIND, self.isvc.namespace, self.isvc.name,
-                       {"status": diff}, "status")
+            self._wrote(await call(self.kube.merge_patch, API_VERSION, KIND, self.isvc.namespace, self.isvc.name,
+                                   {"status": diff}, "status"))
 
     async def _clear_annotations(self, decision: Decision) -> None:
         """Overrides acted on, and a scale up once it is under way, are removed so they are not acted on twice."""
@@ -196,5 +198,9 @@ class ClusterRuntime:
         if SCALE_UP_ANNOTATION in self.isvc.annotations and scaled_up:
             cleared[SCALE_UP_ANNOTATION] = None
         if cleared:
-            await call(self.kube.merge_patch, API_VERSION, KIND, self.isvc.namespace, self.isvc.name,
-                       {"metadata": {"annotations": cleared}})
+            self._wrote(await call(self.kube.merge_patch, API_VERSION, KIND, self.isvc.namespace, self.isvc.name,
+                                   {"metadata": {"annotations": cleared}}))
+
+    def _wrote(self, written: dict[str, Any] | None) -> None:
+        version = ((written or {}).get("metadata") or {}).get("resourceVersion")
+        self.written_version = str(version) if version is not None else None

@@ -17,8 +17,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -27,12 +29,22 @@ import kmock
 import kopf
 import pytest
 import yaml
+from aiohttp import web
 
 from folio.operator.controller.handlers import configure, register
 from folio.operator.controller.reconcile import Context
 from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import ApiError, Kube
-from folio.operator.k8s.names import MANAGED_KINDS, PLURALS, base_labels
+from folio.operator.k8s.names import (
+    COMPONENT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MANAGED_KINDS,
+    PLURALS,
+    base_labels,
+    component_labels,
+)
+from folio.operator.router.metrics import RouterMetrics
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, revision_name
 from tests.support.wait import until
@@ -315,12 +327,14 @@ class OperatorProcess:
     asks it to stop and kills it if it does not. Ports: none (metrics and health endpoints off).
     """
 
-    def __init__(self, name: str, kubeconfig: Path, log_dir: Path, *args: str) -> None:
+    def __init__(self, name: str, kubeconfig: Path, log_dir: Path, *args: str,
+                 namespaces: tuple[str, ...] = (NAMESPACE,)) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         env.update(KUBECONFIG=str(kubeconfig), POD_ID=name, PYTHONUNBUFFERED="1")
-        command = [sys.executable, "-m", "folio.operator", "operator", "-n", NAMESPACE, "--image", "folio:test",
+        scope = [arg for ns in namespaces for arg in ("-n", ns)]
+        command = [sys.executable, "-m", "folio.operator", "operator", *scope, "--image", "folio:test",
                    "--metrics-port", "0", "--health-port", "0", *args]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -351,8 +365,8 @@ class Replicas:
         self.log_dir = tmp_path
         self.started: list[OperatorProcess] = []
 
-    def start(self, name: str, *args: str) -> OperatorProcess:
-        self.started.append(OperatorProcess(name, self.kubeconfig, self.log_dir, *args))
+    def start(self, name: str, *args: str, namespaces: tuple[str, ...] = (NAMESPACE,)) -> OperatorProcess:
+        self.started.append(OperatorProcess(name, self.kubeconfig, self.log_dir, *args, namespaces=namespaces))
         return self.started[-1]
 
 
@@ -383,3 +397,339 @@ class Background:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+# --------------------------------------------------------------------- a fleet (tests/operator/test_scale.py, bench/scale.py)
+
+# Analysis of the fleet's canaries: a sample every interval; `failureLimit` failed ones roll back.
+FLEET_INTERVAL_S = 2.0
+FLEET_FAILURE_LIMIT = 3
+FLEET_ROLLOUT: dict[str, Any] = {
+    "steps": [{"weight": 50, "pause": "8s"}],
+    "analysis": {"interval": f"{FLEET_INTERVAL_S:g}s", "failureLimit": FLEET_FAILURE_LIMIT, "minRequests": 2,
+                 "maxErrorRate": 0.05},
+    "drainPeriod": "0s",
+}
+
+
+TEST_CLIENT_HEADER = "X-Folio-Test-Client"  # a test's own requests: not counted as the operator's
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One API request as `ScaleApiServer.calls` keeps it."""
+
+    method: str
+    plural: str
+    namespace: str | None
+    subresource: str | None
+    watch: bool
+    label_selector: str
+    operator: bool  # not the test's own (`TEST_CLIENT_HEADER`)
+
+    def __str__(self) -> str:
+        sub = f"/{self.subresource}" if self.subresource else ""
+        return f"{self.method.rpartition('.')[2]} {self.plural}{sub}{'?watch' if self.watch else ''}"
+
+
+def _selected(request: kmock.Request) -> Callable[[Any], bool]:
+    """Whether an object matches the request's ``labelSelector`` (equality terms, as the operator sends)."""
+    terms = [term.partition("=") for term in request.params.get("labelSelector", "").split(",") if term]
+    wanted = {key: value for key, _, value in terms}
+
+    def matches(obj: Any) -> bool:
+        labels = ((obj or {}).get("metadata") or {}).get("labels") or {} if isinstance(obj, dict) else {}
+        return all(labels.get(key) == value for key, value in wanted.items())
+
+    return matches
+
+
+class ScaleApiServer(ApiServer):
+    """`ApiServer` closer to a real API server where an idle operator's requests are counted:
+
+    - a list or watch with a ``labelSelector`` (equality terms) gets only the objects it selects, as the
+      operator's watches of children and pods ask (`handlers.OWN_OBJECTS`);
+    - every request is in `calls`, and kmock forgets each once it has been matched to its reaction (kmock
+      matches a request by scanning every request it keeps: a fleet's thousands would slow it quadratically),
+      so iterating the emulator (`list(server)`) gives only the requests in flight;
+    - a watch asking for them (`allowWatchBookmarks`, as kopf's do) gets a BOOKMARK after ``BOOKMARK_S``
+      without an event, as from a real API server about every minute. Without, kopf takes a quiet watch for
+      a dead one after `settings.watching.inactivity_timeout` (70 s) and opens it again: requests made only
+      against the emulator, which would count against an idle operator.
+    """
+
+    BOOKMARK_S = 50.0
+
+    @property
+    def calls(self) -> list[ApiCall]:
+        """Every API request so far, in order (cheap to read: iterating the emulator filters each request)."""
+        return self.__dict__.setdefault("_calls", [])
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        if request.resource is not None:
+            self.calls.append(ApiCall(
+                str(request.method), request.resource.plural or "", request.namespace, request.subresource,
+                bool(request.params.get("watch")), request.params.get("labelSelector", ""),
+                operator=TEST_CLIENT_HEADER not in request.headers))
+        return await super()._handle(request)
+
+    def _matched(self, request: kmock.Request) -> None:
+        """Called first by each reaction, so once kmock has matched the request: it need not keep it."""
+        for i, kept in enumerate(self._requests):
+            if kept is request:
+                del self._requests[i]
+                break
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        return await super()._serve_fetch(request)
+
+    async def _serve_create(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        return await super()._serve_create(request)
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        return await super()._serve_update(request)
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        return await super()._serve_delete(request)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        payload = await super()._serve_list(request)
+        payload["items"] = [obj for obj in payload["items"] if _selected(request)(obj)]
+        return payload
+
+    async def _serve_watch(self, request: kmock.Request) -> Any:
+        events = self._selecting(request).__aiter__()
+        if request.params.get("allowWatchBookmarks") != "true":
+            async for event in events:
+                yield event
+            return
+        pending = asyncio.ensure_future(anext(events))
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=self.BOOKMARK_S)
+                if not done:
+                    yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(_last_version[0])}}}
+                    continue
+                try:
+                    event = pending.result()
+                except StopAsyncIteration:
+                    return
+                yield event
+                pending = asyncio.ensure_future(anext(events))
+        finally:
+            pending.cancel()
+
+    async def _selecting(self, request: kmock.Request) -> Any:
+        self._matched(request)
+        selected = _selected(request)
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict) or event.get("type") == "BOOKMARK" or selected(event.get("object")):
+                yield event
+
+
+def _fleet_manifest(namespace: str, name: str) -> dict[str, Any]:
+    manifest = isvc_manifest(name, rollout=FLEET_ROLLOUT)
+    manifest["metadata"] = {"name": name, "namespace": namespace}
+    return manifest
+
+
+@dataclass
+class FleetService:
+    namespace: str
+    name: str
+    router: RouterMetrics
+    port: int = 0  # where its fake router pod serves /metrics
+    scrapes: list[float] = field(default_factory=list)  # monotonic: when the operator read its /metrics
+    faulty: bool = False  # its canary fails half its requests
+    stable: str = ""
+    canary_first: float | None = None  # monotonic: when its router first sent the canary traffic
+    canary_last: float | None = None
+    canary_done: float | None = None  # ...and when the canary had all or none of it again
+
+
+class Fleet:
+    """``count`` InferenceServices over ``namespaces``, and the cluster around them, driven from the
+    emulator's own process: it plays the Job controller and kubelet (pre-pull Jobs complete, engine
+    Deployments become ready), gives each service a router pod whose /metrics (a port of its own, served
+    here) reports traffic split by the service's ``status.traffic``, and counts the operator's API requests
+    (its own carry `TEST_CLIENT_HEADER`). Objects are read in-process, from the emulator's store."""
+
+    TICK_S = 0.2  # the kubelet's and the routers' loop
+    RPS = 10  # requests a second each router reports
+
+    def __init__(self, server: ScaleApiServer, namespaces: list[str], count: int) -> None:
+        self.server = server
+        self.kube = Kube.for_url(str(server.url))
+        self.kube.client.set_default_header(TEST_CLIENT_HEADER, "1")
+        self.services = [FleetService(namespaces[i % len(namespaces)], f"svc-{i:03d}", RouterMetrics(f"svc-{i:03d}"))
+                         for i in range(count)]
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._done: set[tuple[str, str, str, str]] = set()  # (kind, ns, name, resourceVersion) already played
+
+    # ---- the emulator's store, read in-process
+    def objects(self, plural: str) -> list[dict[str, Any]]:
+        found = []
+        for key, history in list(self.server.objects.items()):
+            resource = key[0]
+            if getattr(resource, "plural", None) == plural and not history.deleted:
+                found.append(history.raw)
+        return found
+
+    def isvcs(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in self.objects(PLURAL)}
+
+    def ready(self) -> int:
+        return sum(any(c.get("type") == "Ready" and c.get("status") == "True"
+                       for c in (o.get("status") or {}).get("conditions") or [])
+                   for o in self.isvcs().values())
+
+    def operator_requests(self) -> int:
+        """API requests the emulator got from anyone but this driver (the operator's)."""
+        return sum(call.operator for call in self.server.calls)
+
+    def operator_calls(self, since: int = 0) -> list[str]:
+        """The operator's requests from its ``since``-th on, as ``METHOD resource[/subresource][?watch]``."""
+        return [str(call) for call in [c for c in self.server.calls if c.operator][since:]]
+
+    def watching(self, namespaces: list[str]) -> bool:
+        """Whether the operator has opened its watch of every kind it indexes (that the emulator serves) and of
+        InferenceServices in each of ``namespaces`` (kopf opens them all at its start, in no set order)."""
+        served = {f"{api_version}/{PLURALS[(api_version, kind)]}" for api_version, kind in (*MANAGED_KINDS, ("v1", "Pod"))}
+        plurals = {key.rpartition("/")[2] for key in served if key in self.server.resources} | {PLURAL}
+        opened = {(c.plural, c.namespace) for c in self.server.calls if c.watch and c.operator}
+        return {(plural, ns) for plural in plurals for ns in namespaces} <= opened
+
+    # ---- lifecycle
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        for svc in self.services:  # one port each: a router pod's /metrics is at its podIP and `http` port
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            svc.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._by_port = {svc.port: svc for svc in self.services}
+        self._tasks = [asyncio.create_task(self._kubelet()), asyncio.create_task(self._routers())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        svc = self._by_port[request.transport.get_extra_info("sockname")[1]]  # type: ignore[union-attr]
+        svc.scrapes.append(time.monotonic())
+        return web.Response(body=svc.router.render(), content_type="text/plain")
+
+    async def create(self, concurrency: int = 8) -> None:
+        """Router pods, then the InferenceServices, ``concurrency`` requests at a time."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(obj: dict[str, Any]) -> None:
+            async with gate:
+                await asyncio.to_thread(self.kube.create, obj)
+
+        await asyncio.gather(*(one(self._router_pod(svc)) for svc in self.services))
+        await asyncio.gather(*(one(_fleet_manifest(svc.namespace, svc.name)) for svc in self.services))
+
+    def _router_pod(self, svc: FleetService) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{svc.name}-router-1", "namespace": svc.namespace,
+                         "labels": component_labels(svc.name, "router")},
+            "spec": {"containers": [{"name": "router", "ports": [{"name": "http", "containerPort": svc.port}]}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }  # fmt: skip
+
+    async def bump(self, services: list[FleetService], *, faulty: set[str], concurrency: int = 8) -> None:
+        """A new revision for each of ``services`` (one apply); the canary of those named in ``faulty`` fails."""
+        gate = asyncio.Semaphore(concurrency)
+        current = self.isvcs()
+
+        async def one(svc: FleetService) -> None:
+            svc.faulty = svc.name in faulty
+            svc.stable = current[(svc.namespace, svc.name)]["status"]["stableRevision"]
+            async with gate:
+                await asyncio.to_thread(self.kube.merge_patch, f"{GROUP}/{VERSION}", KIND, svc.namespace, svc.name,
+                                        {"spec": {"engine": {"args": {"maxNumSeqs": 8}}}})
+
+        await asyncio.gather(*(one(svc) for svc in services))
+
+    async def patch_spec(self, svc: FleetService, spec: dict[str, Any]) -> int:
+        """Merge-patch a spec; the generation the operator has to observe."""
+        patched = await asyncio.to_thread(self.kube.merge_patch, f"{GROUP}/{VERSION}", KIND, svc.namespace,
+                                          svc.name, {"spec": spec})
+        return int(patched["metadata"]["generation"])
+
+    def observed(self, svc: FleetService) -> int:
+        status = self.isvcs()[(svc.namespace, svc.name)].get("status") or {}
+        return int(status.get("observedGeneration") or 0)
+
+    # ---- the cluster's other controllers
+    async def _kubelet(self) -> None:
+        while True:
+            for plural, kind, api_version in (("jobs", "Job", "batch/v1"), ("deployments", "Deployment", "apps/v1")):
+                for obj in self.objects(plural):
+                    meta = obj["metadata"]
+                    key = (kind, meta["namespace"], meta["name"], str(meta.get("resourceVersion")))
+                    if key in self._done or (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
+                        continue
+                    status = obj.get("status") or {}
+                    if kind == "Job" and not status.get("succeeded"):
+                        new: dict[str, Any] | None = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+                    elif kind == "Deployment" and (meta.get("labels") or {}).get(COMPONENT_LABEL) == "engine" and (
+                            status.get("readyReplicas") or 0) != (want := int(obj["spec"].get("replicas") or 0)):
+                        new = {"readyReplicas": want, "replicas": want}
+                    else:
+                        new = None
+                    self._done.add(key)
+                    if new is not None:
+                        with contextlib.suppress(ApiError):  # gone meanwhile
+                            await asyncio.to_thread(self.kube.merge_patch, api_version, kind, meta["namespace"],
+                                                    meta["name"], {"status": new}, "status")
+            await asyncio.sleep(self.TICK_S)
+
+    async def _routers(self) -> None:
+        """Each router follows its service's status.traffic: RPS requests a second, split by the weights."""
+        owed: dict[tuple[str, str], float] = {}
+        sent: dict[tuple[str, str], int] = {}
+        while True:
+            if not any(svc.stable for svc in self.services):  # no bump yet: nothing to report
+                await asyncio.sleep(self.TICK_S)
+                continue
+            current = self.isvcs()
+            now = time.monotonic()
+            for svc in self.services:
+                obj = current.get((svc.namespace, svc.name))
+                if obj is None or not svc.stable:
+                    continue
+                weights = {t["revision"]: t["weight"] for t in (obj.get("status") or {}).get("traffic") or []}
+                canary = next((rev for rev, w in weights.items() if rev != svc.stable and 0 < w < 100), None)
+                if canary is not None:
+                    svc.canary_first = svc.canary_first or now
+                    svc.canary_last = now
+                elif svc.canary_first is not None and svc.canary_done is None:
+                    svc.canary_done = now
+                for rev, weight in weights.items():
+                    key = (svc.name, rev)
+                    owed[key] = owed.get(key, 0.0) + self.RPS * self.TICK_S * weight / 100
+                    while owed[key] >= 1.0:
+                        owed[key] -= 1.0
+                        sent[key] = sent.get(key, 0) + 1
+                        fail = svc.faulty and rev == canary and sent[key] % 2 == 0  # half of a faulty canary's
+                        svc.router.attempt_started(rev)
+                        svc.router.attempt_finished(rev, "500" if fail else "200", 0.01)
+                        svc.router.first_byte(rev, 0.005)
+            await asyncio.sleep(self.TICK_S)

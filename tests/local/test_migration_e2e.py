@@ -317,8 +317,9 @@ def test_a_crashing_canary_is_rolled_back_with_no_client_error(smol: Smol) -> No
     # SIGSTOP test's 2 s here, so the inter-chunk timeout is the default's (a stall is no crash).
     router = {**ROUTER, "migration": {"maxAttempts": 3}}
     smol.steady(smol.manifest("base", router=router))
-    # A crashing canary takes few requests between its restarts: one is enough for a sample.
-    analysis = {**FAST_ROLLOUT["analysis"], "minRequests": 1}
+    # A crashing canary takes few requests between its restarts: one is enough for a sample, and the first
+    # failing sample decides (the one in which it crashed: its next ones find it restarting, inconclusive).
+    analysis = {**FAST_ROLLOUT["analysis"], "minRequests": 1, "failureLimit": 1}
     rollout = {**FAST_ROLLOUT, "steps": [{"weight": 50, "pause": "1h"}], "analysis": analysis}
     canary = smol.manifest("crashing", {"faultCrashAfterTokens": 24}, router=router, rollout=rollout)
     with LoadGenerator(smol.url, NAME, concurrency=3, max_tokens=16) as load:

@@ -129,6 +129,14 @@ def first_after(times: list[float], moment: float) -> float:
     return next((t for t in times if t > moment), moment)
 
 
+def silence(times: list[float], killed: float, dead: float) -> float:
+    """How long a client heard nothing across the kill: its last event up to ``killed`` to its first after
+    ``dead``. A continued stream's spans the router's reconnect and the continuation's prefill; a stream on
+    the survivor hears its next token sooner, so the longest ``moved`` silences are the continued streams."""
+    before = max((t for t in times if t <= killed), default=killed)
+    return first_after(times, dead) - before
+
+
 def in_rotation(router: str) -> int:
     return int(httpx.get(f"{router}/ready", timeout=5).json().get("replicas", {}).get("r1", 0))
 
@@ -246,10 +254,13 @@ def main() -> int:
                 _, continued = gap_histogram(router)
                 moved, continued_before = int(continued - continued_before), continued
                 back = max(first_after(o.get("times", []), dead) for o in outs)  # type: ignore[arg-type]
-                # the continuations' prefill: each the prompt and the quarter of the answer sent before the kill
+                # the continuations' prefill: each the prompt of a stream the victim had, and the quarter of the
+                # answer sent before the kill (which streams it had, the client cannot tell: see `silence`)
                 cut = args.max_tokens // 4
+                hushed = sorted(range(args.streams), reverse=True,
+                                key=lambda i: silence(outs[i].get("times", []), killed, dead))  # type: ignore[arg-type]
                 prefill = prefill_seconds(survivor.url, [refs[p][1][: len(refs[p][1]) - args.max_tokens + cut]
-                                                         for p in prompts[:moved]])  # fmt: skip
+                                                         for p in (prompts[i] for i in hushed[:moved])])  # fmt: skip
                 prefills.append(prefill)
                 excess.append(back - dead - prefill)
                 victim.start()

@@ -180,11 +180,7 @@ class LLMEngine:
         )  # fmt: skip
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        group: str | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
         resume: Replay | None = None,
     ) -> None:
         """Validate and queue a request; raises `RuleError` (a ValueError, queueing nothing) on bad input, with

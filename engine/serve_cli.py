@@ -11,7 +11,7 @@ import concurrent.futures
 import gc
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
@@ -268,28 +268,14 @@ def main(args: argparse.Namespace) -> int:
         engine.parallel.attach(async_engine.fail_from_thread, async_engine.metrics.registry, served.served_model_name)
     # uvicorn bounds idle keep-alive connections only: slow-loris clients are closed by this guard
     http = uvicorn_protocol(ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout))
-    uv_config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.log_level == "debug",
-        timeout_graceful_shutdown=5,
-        http=http,
-    )
+    # the API's server and the metrics port's alike
+    common: dict[str, Any] = {"host": args.host, "log_level": args.log_level,
+                              "access_log": args.log_level == "debug", "timeout_graceful_shutdown": 5, "http": http}
+    uv_config = uvicorn.Config(app, port=args.port, **common)
     metrics = None
     if args.metrics_port:
-        metrics_config = uvicorn.Config(
-            build_metrics_app(app.state.server.engine),
-            host=args.host,
-            port=args.metrics_port,
-            log_level=args.log_level,
-            access_log=args.log_level == "debug",
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-            http=http,
-        )
-        metrics = MetricsServer(metrics_config)
+        metrics_app = build_metrics_app(app.state.server.engine)
+        metrics = MetricsServer(uvicorn.Config(metrics_app, port=args.metrics_port, lifespan="off", **common))
     server = DrainingServer(uv_config, app.state.server, args.shutdown_timeout, metrics)
     try:
         server.run()

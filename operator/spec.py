@@ -424,6 +424,14 @@ class AutoscalingSpec(Model):
         return parse_duration(self.hold_timeout)
 
 
+PeerLabels = dict[str, str] | None  # a NetworkPolicy peer's matchLabels; unset: no such peer
+
+
+def _peer_labels(description: str) -> Any:
+    """A field of `NetworkPolicySpec` naming the labels of the pods (or namespaces) it admits."""
+    return Field(default=None, description=description)
+
+
 class NetworkPolicySpec(Model):
     enabled: bool = Field(
         default=True,
@@ -431,20 +439,17 @@ class NetworkPolicySpec(Model):
         "routers and the operator, and their metrics port only from the operator and `metricsNamespaceLabels` "
         "(the engines have no authentication of their own).",
     )
-    metrics_namespace_labels: dict[str, str] | None = Field(
-        default=None,
-        description="Also admit pods in namespaces with these labels to the engines' metrics port (Prometheus "
+    metrics_namespace_labels: PeerLabels = _peer_labels(
+        "Also admit pods in namespaces with these labels to the engines' metrics port (Prometheus "
         "scraping their /metrics, e.g. {kubernetes.io/metadata.name: monitoring}); never to their API port.",
     )
-    gateway_namespace_labels: dict[str, str] | None = Field(
-        default=None,
-        description="While InferencePools are published, also admit pods in namespaces with these labels (the "
+    gateway_namespace_labels: PeerLabels = _peer_labels(
+        "While InferencePools are published, also admit pods in namespaces with these labels (the "
         "Gateway's proxies) to the engines' API port; with gatewayPodLabels, only those pods there. Unset with "
         "gatewayPodLabels unset: no gateway is admitted.",
     )
-    gateway_pod_labels: dict[str, str] | None = Field(
-        default=None,
-        description="While InferencePools are published, also admit pods with these labels (in the namespaces of "
+    gateway_pod_labels: PeerLabels = _peer_labels(
+        "While InferencePools are published, also admit pods with these labels (in the namespaces of "
         "gatewayNamespaceLabels, else in this one: e.g. the pools' endpoint pickers) to the engines' API port.",
     )
 

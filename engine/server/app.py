@@ -124,10 +124,7 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
     async def version_() -> dict[str, str]:
         return {"version": folio_version()}
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
+    _add_metrics(app, async_engine)
     return app
 
 
@@ -135,9 +132,11 @@ def build_metrics_app(async_engine: AsyncEngine) -> FastAPI:
     """The app of `folio serve --metrics-port`: ``GET /metrics`` alone, the same text as the API's, so that a
     NetworkPolicy can admit a Prometheus scraper to this port without admitting it to the API."""
     app = FastAPI(title="folio engine metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_metrics(app, async_engine)
+    return app
 
+
+def _add_metrics(app: FastAPI, async_engine: AsyncEngine) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return app

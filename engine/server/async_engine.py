@@ -32,11 +32,7 @@ class EngineCore(Protocol):
     model_config: Any
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        group: str | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
         resume: Replay | None = None,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
@@ -162,10 +158,7 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for s in seqs:
-                    if s.resume is None:  # cores that continue nothing need not know the argument
-                        self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group)
-                    else:
-                        self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume)
+                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume)
                     added.append(s.request_id)
             except Exception as exc:
                 for rid in added:

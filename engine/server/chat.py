@@ -24,7 +24,7 @@ from folio.engine.server.protocol import (
     Delta,
     Usage,
 )
-from folio.engine.server.serving import OpenAIServing, new_id, resumable
+from folio.engine.server.serving import OpenAIServing, answered_as, new_id, resumable
 
 
 def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
@@ -72,10 +72,10 @@ async def create_chat_completion(
     request_id = new_id("chatcmpl")
     resumption = await serving.resumption(req, [prompt], [budget], top_k)
     seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption)
+    answer_id, created = answered_as(request_id, resumption)
     renderer = ChatRenderer(
-        resumption.id if resumption else request_id, serving.config.served_model_name, serving.tokenizer, top_k,
-        prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
-        created=resumption.created if resumption else None,
+        answer_id, serving.config.served_model_name, serving.tokenizer, top_k,
+        prompt_token_ids=prompt.token_ids if req.return_token_ids else None, created=created,
         # the client has the prompt's ids once it has any chunk of the answer
         prompt_sent=bool(resumption and resumption.carried),
     )  # fmt: skip

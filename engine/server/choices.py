@@ -142,7 +142,8 @@ class Choices:
             choice.prompt_logprobs = out.prompt_logprobs
         if not choice.opened:
             choice.opened = True
-            yield from self._with_record(renderer.opening(choice.index), Record(index=choice.index))
+            opened = Record(index=choice.index) if self.records else None
+            yield from self._with_record(renderer.opening(choice.index), opened)
         choice.num_tokens += len(c.token_ids)
         choice.token_ids += c.token_ids
         if c.logprobs is not None:
@@ -164,14 +165,18 @@ class Choices:
         choice.num_pieces += 1
         choice.num_chars += len(c.text)
         choice.token_ids, choice.logprobs = [], []
-        record = Record(piece.index, tuple(piece.token_ids), piece.finish_reason, piece.stop_reason)
+        record = None
+        if self.records:  # built only when sent: this runs for every chunk of every stream
+            record = Record(piece.index, tuple(piece.token_ids), piece.finish_reason, piece.stop_reason)
         yield from self._with_record(renderer.chunks(piece), record)
 
-    def _with_record(self, chunks: Iterable[BaseModel], record: Record) -> Iterator[Event]:
-        """The chunks, the first with the record (in the resumable mode): one record per output sent."""
+    @staticmethod
+    def _with_record(chunks: Iterable[BaseModel], record: Record | None) -> Iterator[Event]:
+        """The chunks, the first with the record (None: not the resumable mode): one record per output sent."""
         for chunk in chunks:
-            yield (record if self.records else None), chunk
-            record = Record(record.index)  # a chunk after the first would carry no more tokens
+            yield record, chunk
+            if record is not None:
+                record = Record(record.index)  # a chunk after the first would carry no more tokens
 
     def record(self, out: RequestOutput) -> Record:
         """The record of one step output of a request that is not streamed: its tokens with their logprobs

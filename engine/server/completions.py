@@ -20,7 +20,7 @@ from folio.engine.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from folio.engine.server.serving import OpenAIServing, new_id, resumable
+from folio.engine.server.serving import OpenAIServing, answered_as, new_id, resumable
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 MAX_PROMPTS = 64
@@ -71,10 +71,8 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
     prompt_logprobs = req.logprobs if req.echo else None
     resumption = await serving.resumption(req, prompts, budgets, req.logprobs, echo=req.echo)
     seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption)
-    renderer = CompletionRenderer(
-        resumption.id if resumption else request_id, serving.config.served_model_name, serving.tokenizer, req,
-        created=resumption.created if resumption else None,
-    )  # fmt: skip
+    answer_id, created = answered_as(request_id, resumption)
+    renderer = CompletionRenderer(answer_id, serving.config.served_model_name, serving.tokenizer, req, created)
     choices = Choices(seqs, prompts, req.n, echo_only, resumption=resumption, records=resumable(raw))
     return await serving.respond(raw, req, seqs, choices, renderer)
 

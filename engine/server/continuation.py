@@ -46,6 +46,7 @@ RESPONSE_ID_HEADER = "X-Folio-Response-Id"
 CREATED_HEADER = "X-Folio-Created"
 RESUME_FIELD = "folio_resume"
 RECORD_PREFIX = b": folio-resume "
+_PREFIX = RECORD_PREFIX.decode()
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Record:
 
     def line(self) -> str:
         """The record as its comment line, newline included."""
-        body: dict[str, Any] = {}
+        body: dict[str, Any]
         if self.failed is not None:
             body = {"failed": self.failed, "message": self.message or ""}
         else:
@@ -75,7 +76,7 @@ class Record:
                 body["logprobs"] = self.logprobs
             if self.prompt_logprobs is not None:
                 body["prompt_logprobs"] = self.prompt_logprobs
-        return RECORD_PREFIX.decode() + json.dumps(body, separators=(",", ":")) + "\n"
+        return _PREFIX + json.dumps(body, separators=(",", ":")) + "\n"
 
     @classmethod
     def parse(cls, payload: bytes) -> Record:
@@ -84,7 +85,7 @@ class Record:
         if not isinstance(raw, dict):
             raise ValueError("a record must be a JSON object")
         if "failed" in raw:
-            return cls(failed=str(raw["failed"]), message=str(raw.get("message", "")))
+            return cls.failure(raw)
         index, ids = raw.get("index"), raw.get("token_ids", [])
         if not isinstance(index, int) or not isinstance(ids, list):
             raise ValueError("a record needs an integer index and a list of token_ids")
@@ -93,3 +94,8 @@ class Record:
             stop_reason=raw.get("stop_reason"), logprobs=raw.get("logprobs"),
             prompt_logprobs=raw.get("prompt_logprobs"),
         )  # fmt: skip
+
+    @classmethod
+    def failure(cls, raw: dict[str, Any]) -> Record:
+        """The ``failed`` record of a parsed JSON object that holds the key ``failed``."""
+        return cls(failed=str(raw["failed"]), message=str(raw.get("message", "")))

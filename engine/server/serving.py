@@ -333,6 +333,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def answered_as(request_id: str, resumption: Resumption | None) -> tuple[str, int | None]:
+    """The id and created the client sees: those of the answer a continuation continues, else ``request_id``
+    and None (now). The engine's sequences keep ``request_id``'s own ids either way."""
+    return (resumption.id, resumption.created) if resumption is not None else (request_id, None)
+
+
 _Item = BaseModel | dict[str, Any] | str  # a chunk, an error body, or JSON text as it is
 
 

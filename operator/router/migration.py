@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 RESUMABLE = (RESUMABLE_HEADER, "1")
 BAD_GATEWAY = 502
-UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)  # an upstream that failed, or went silent
 
 
 def resumable_answer(resp: aiohttp.ClientResponse) -> tuple[str, int] | None:
@@ -81,6 +81,11 @@ class Seam:
     revision: str
     reason: str  # m.MIGRATION_RESET | m.MIGRATION_TIMEOUT | m.MIGRATION_ENGINE_ERROR
     detail: str
+
+    @property
+    def code(self) -> str:
+        """The broken attempt's code, as the proxy counts attempts: ``timeout`` after a stall, else ``error``."""
+        return m.TIMEOUT if self.reason == m.MIGRATION_TIMEOUT else "error"
 
 
 async def write(out: web.StreamResponse, chunk: bytes | None, resp: aiohttp.ClientResponse) -> bool:

@@ -204,7 +204,7 @@ class Progress:
     def _apply(self, raw: Any) -> None:
         try:
             if "failed" in raw:
-                self.failed = Record(failed=str(raw["failed"]), message=str(raw.get("message", "")))
+                self.failed = Record.failure(raw)
                 return
             index = raw["index"]
             choice = self._choices.get(index)

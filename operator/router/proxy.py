@@ -23,12 +23,19 @@ from multidict import CIMultiDict
 
 from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER
 from folio.engine.server.openai_errors import ErrorCode
-from folio.operator.metric_names import MIGRATION_TIMEOUT
 from folio.operator.router.balancer import Replica
 from folio.operator.router.errors import error_response
 from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
 from folio.operator.router.metrics import RouterMetrics
-from folio.operator.router.migration import RESUMABLE, Answer, Seam, carry_on, resumable_answer, write
+from folio.operator.router.migration import (
+    RESUMABLE,
+    UPSTREAM_ERRORS,
+    Answer,
+    Seam,
+    carry_on,
+    resumable_answer,
+    write,
+)
 from folio.operator.router.outliers import is_failure
 from folio.operator.router.shadow_compare import Capture, Comparison, comparable
 from folio.operator.router.state import RoutingState
@@ -65,7 +72,6 @@ OVERFLOW_REQUEST_HEADERS = frozenset({
 _DROP_RESPONSE_HEADERS = frozenset({
     *_HOP_BY_HOP, "date", "server", RESUMABLE_HEADER.lower(), RESPONSE_ID_HEADER.lower(), CREATED_HEADER.lower(),
 })  # fmt: skip
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 NO_UPSTREAM_RETRY_AFTER = "2"
 WHOLE_BODY_MAX = 256 * 1024  # answers up to this size with a known length are relayed in one piece
 
@@ -220,6 +226,7 @@ class Proxy:
         )
 
     def _resumable(self, req: ProxyRequest) -> bool:
+        """Whether the request asks the engine for records: a completion or chat one, migration on."""
         return req.parsed is not None and self.state.config.migration.max_attempts > 0
 
     async def _carry_on(
@@ -245,7 +252,7 @@ class Proxy:
             req, downstream, overflow.url, OVERFLOW, None, headers=headers, relay_any=True
         )
         if isinstance(answer, Seam):  # no continuing on a remote service: a clean end
-            self.metrics.overflowed(TIMEOUT if answer.reason == MIGRATION_TIMEOUT else "error")
+            self.metrics.overflowed(answer.code)
             return await answer.answer.fail(answer)
         if isinstance(answer, Failure):
             self.metrics.overflowed(answer.code)
@@ -293,7 +300,7 @@ class Proxy:
                     else:
                         failed = not relay_any and (resp.status >= 500 or resp.status == 429)
                     head = await (_failure(resp, revision) if failed else _head(resp))
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except UPSTREAM_ERRORS as exc:
                 if resp is not None:
                     resp.close()
                 timed_out = isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError)
@@ -317,7 +324,7 @@ class Proxy:
                 if head.chunks is not None and resp.content_type == "text/event-stream":
                     relayed = await self._relay_events(req, resp, head, revision, downstream, limit, capture, answer)
                     if isinstance(relayed, Seam):
-                        broke = TIMEOUT if relayed.reason == MIGRATION_TIMEOUT else "error"
+                        broke = relayed.code
                 else:
                     relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture)
             except BaseException:
@@ -348,17 +355,17 @@ class Proxy:
     ) -> web.StreamResponse | Seam:
         """An event-stream answer, through `Answer` (a new one, or the continued one)."""
         assert head.chunks is not None
-        migration = self.state.config.migration
-        ids = resumable_answer(resp) if migration.max_attempts > 0 and req.parsed is not None else None
         if answer is None:
+            ids = resumable_answer(resp) if self._resumable(req) else None
             # Unstreamed, a resumable engine answers as events too: the client gets the final JSON alone.
             answer = Answer(downstream, self.metrics, streamed=req.streamed or ids is None, capture=capture)
             if ids is not None:
                 answer.resumable = True
                 answer.progress.response_id, answer.progress.created = ids
-        stall_after = min(limit, migration.inter_chunk_timeout_seconds) if answer.resumable else limit
-        headers = _relayed_headers(resp)
-        headers["X-Folio-Revision"] = revision
+        stall_after = limit
+        if answer.resumable:  # a stall it can be continued from ends sooner: at interChunkTimeout
+            stall_after = min(limit, self.state.config.migration.inter_chunk_timeout_seconds)
+        headers = _relayed_headers(resp, revision)
         return await answer.relay(resp, head.first, head.chunks, revision, stall_after, headers)
 
     async def _relay(
@@ -368,8 +375,7 @@ class Proxy:
         """Pass on an answer that is not an event stream from its first bytes; with it the attempt's code
         when the upstream failed mid-answer (the client is cut off then: too late to change the status, and
         a truncated answer must not look complete)."""
-        headers = _relayed_headers(resp)
-        headers["X-Folio-Revision"] = revision
+        headers = _relayed_headers(resp, revision)
         if head.chunks is None:
             if capture is not None and head.first is not None:
                 capture.add(head.first)
@@ -385,7 +391,7 @@ class Proxy:
                 return out, None
             try:
                 chunk = await next_chunk(head.chunks, limit)
-            except (Stalled, *_UPSTREAM_ERRORS) as exc:
+            except (Stalled, *UPSTREAM_ERRORS) as exc:
                 log.warning("upstream %s (%s) broke off mid-response: %r", revision, resp.url.origin(), exc)
                 _drop(downstream)
                 return out, TIMEOUT if isinstance(exc, Stalled) else "error"
@@ -426,7 +432,7 @@ class Proxy:
                     if comparison is not None:
                         comparison.shadow.add(chunk)
                 code = str(resp.status)
-        except _UPSTREAM_ERRORS:
+        except UPSTREAM_ERRORS:
             code = "error"
         finally:
             replica.in_flight -= 1
@@ -458,13 +464,12 @@ async def _head(resp: aiohttp.ClientResponse) -> Head:
 async def _failure(resp: aiohttp.ClientResponse, revision: str) -> Failure:
     try:
         body = await resp.read()  # error answers are small
-    except _UPSTREAM_ERRORS:
+    except UPSTREAM_ERRORS:
         body = b""
     finally:
         resp.release()
-    headers = _relayed_headers(resp)
+    headers = _relayed_headers(resp, revision)
     headers.popall("Content-Length", None)  # web.Response sets it from the body
-    headers["X-Folio-Revision"] = revision
     return Failure(str(resp.status), resp.status, headers, body, reason=f"HTTP {resp.status}")
 
 
@@ -473,5 +478,8 @@ def _drop(downstream: web.Request) -> None:
         downstream.transport.close()
 
 
-def _relayed_headers(resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS)
+def _relayed_headers(resp: aiohttp.ClientResponse, revision: str) -> CIMultiDict[str]:
+    """The upstream's response headers the client gets, and the revision that answered."""
+    headers = CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS)
+    headers["X-Folio-Revision"] = revision
+    return headers

@@ -83,11 +83,7 @@ class FakeEngine:
     # ---------------------------------------------------------------- contract
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        group: str | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
         resume: Replay | None = None,
     ) -> None:  # FIFO: fair queueing is the real scheduler's (tests/engine/test_scheduler.py)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

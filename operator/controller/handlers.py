@@ -101,7 +101,15 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     kopf.on.delete(*resource, **options)(on_delete)
     kopf.on.event(*resource, registry=registry)(on_service_event)
     kopf.daemon(*resource, **options, cancellation_backoff=CLOCK_GRACE_S, cancellation_timeout=10.0)(clock)
+    kopf.on.cleanup(registry=registry)(on_cleanup)
     return registry
+
+
+async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """The operator stops: close the HTTP client its passes shared."""
+    ctx: Context | None = memo.get("ctx")
+    if ctx is not None:
+        await ctx.aclose()
 
 
 async def on_change(body: kopf.Body, memo: kopf.Memo, retry: int, reason: str, logger: logging.Logger,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import httpx
 import kopf
 
 from folio.operator.controller import metrics
@@ -81,10 +82,25 @@ class Context:
     # the validation rules of where specs run: a cluster's, with fault injection allowed by
     # `folio operator --allow-fault-injection` (`dataclasses.replace(CLUSTER, fault_injection=True)`)
     site: Site = CLUSTER
+    # one HTTP client for every pass's scrapes and parity gates: a client per pass costs a TLS context
+    # (~40 ms of CPU), which at hundreds of services was most of an idle operator's work
+    _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.discovery is None:
             self.discovery = Discovery(self.kube)
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """Made on first use, inside kopf's event loop; closed by `aclose` at the operator's cleanup."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(trust_env=False)
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
 
     def schedule(self, namespace: str, name: str) -> Schedule:
@@ -148,7 +164,7 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     children = expect.view(Children.from_indexes(indexes, isvc.namespace, isvc.name))
     assert ctx.discovery is not None
     runtime = ClusterRuntime(ctx.kube, isvc, children, expect, ctx.plan_settings, ctx.discovery, ctx.replica_url,
-                             body, logger, site=ctx.site, watches=ctx.watches)
+                             body, logger, site=ctx.site, watches=ctx.watches, http=ctx.http)
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
     memo["seen_version"] = None  # until the pass has ended: a failed one leaves the next to read afresh

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
+import httpx
 import kopf
 
 from folio.operator.controller import metrics
@@ -90,7 +91,6 @@ class ClusterRuntime:
     """One pass's view of the cluster (`folio.operator.reconcile.Runtime`)."""
 
     placement: ClassVar[Placement] = Placement.cluster()
-    http: ClassVar[None] = None  # the parity gate outlives a pass: it opens its own client
 
     kube: Kube
     isvc: Isvc
@@ -103,6 +103,9 @@ class ClusterRuntime:
     logger: logging.Logger
     site: Site = CLUSTER  # the operator's (`Context.site`): `--allow-fault-injection` changes it
     watches: Watches | None = None  # kopf's watched resources (`Context.watches`)
+    # the operator's HTTP client (`Context.http`), which outlives every pass and parity gate
+    # (None: each pass opens its own, and a gate its own)
+    http: httpx.AsyncClient | None = None
     # the optional kinds asked for that the cluster does not serve (set by `observe`)
     missing: tuple[tuple[str, str], ...] = ()
     # the InferenceService's resourceVersion after this pass's own writes (None: it wrote nothing)

@@ -144,15 +144,23 @@ def known_args(table: Mapping[str, Flag] | None = None) -> str:
     return _listing(sorted(engine_flags_table() if table is None else table))
 
 
+@functools.cache
+def _serve_parser() -> argparse.ArgumentParser:
+    """`folio serve`'s parser, built once: every pass checks its flags (building it is most of the check)."""
+    from folio.engine import serve_cli
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    serve_cli.add_arguments(parser)
+    return parser
+
+
 def _check_values(flags: list[str]) -> None:
     """Run `folio serve`'s own checks on the flags now, so that a value it would refuse (maxNumSeqs 0,
     blockSize 3, kvCacheMemoryGib -1 ...) is a planning error naming the arg, not a crash-looping pod."""
     from folio.engine import serve_cli
 
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    serve_cli.add_arguments(parser)
     try:
-        serve_cli.check(parser.parse_args(["--model", "(planned)", *flags]))
+        serve_cli.check(_serve_parser().parse_args(["--model", "(planned)", *flags]))
     except serve_cli.FlagError as exc:
         raise PlanningError("InvalidEngineArgs", f"spec.engine.args.{camel(exc.dest.replace('_', '-'))}: {exc}") from None
     except (argparse.ArgumentError, SystemExit) as exc:  # types were checked above; defensive only

@@ -449,9 +449,9 @@ class ScaleApiServer(ApiServer):
 
     - a list or watch with a ``labelSelector`` (equality terms) gets only the objects it selects, as the
       operator's watches of children and pods ask (`handlers.OWN_OBJECTS`);
-    - every request is in `calls`, and kmock forgets each once it has been matched to its reaction (kmock
-      matches a request by scanning every request it keeps: a fleet's thousands would slow it quadratically),
-      so iterating the emulator (`list(server)`) gives only the requests in flight;
+    - every request is in `calls`, and kmock forgets each once answered (a watch once matched to its
+      reaction): kmock matches a request by scanning every request it keeps, so a fleet's thousands would
+      slow it quadratically; iterating the emulator (`list(server)`) gives only the requests in flight;
     - a watch asking for them (`allowWatchBookmarks`, as kopf's do) gets a BOOKMARK after ``BOOKMARK_S``
       without an event, as from a real API server about every minute. Without, kopf takes a quiet watch for
       a dead one after `settings.watching.inactivity_timeout` (70 s) and opens it again: requests made only
@@ -471,36 +471,47 @@ class ScaleApiServer(ApiServer):
                 str(request.method), request.resource.plural or "", request.namespace, request.subresource,
                 bool(request.params.get("watch")), request.params.get("labelSelector", ""),
                 operator=TEST_CLIENT_HEADER not in request.headers))
-        return await super()._handle(request)
+        try:
+            return await super()._handle(request)
+        finally:  # answered (or refused before any reaction, as a patch of a missing object is)
+            self._forget(request)
 
-    def _matched(self, request: kmock.Request) -> None:
-        """Called first by each reaction, so once kmock has matched the request: it need not keep it."""
+    def _forget(self, request: kmock.Request) -> None:
+        """Drop a request kmock has matched to its reaction: it need not keep it."""
         for i, kept in enumerate(self._requests):
             if kept is request:
                 del self._requests[i]
                 break
 
-    async def _serve_fetch(self, request: kmock.Request) -> Any:
-        self._matched(request)
-        return await super()._serve_fetch(request)
-
-    async def _serve_create(self, request: kmock.Request) -> Any:
-        self._matched(request)
-        return await super()._serve_create(request)
-
-    async def _serve_update(self, request: kmock.Request) -> Any:
-        self._matched(request)
-        return await super()._serve_update(request)
-
-    async def _serve_delete(self, request: kmock.Request) -> Any:
-        self._matched(request)
-        return await super()._serve_delete(request)
-
     async def _serve_list(self, request: kmock.Request) -> Any:
-        self._matched(request)
         payload = await super()._serve_list(request)
         payload["items"] = [obj for obj in payload["items"] if _selected(request)(obj)]
         return payload
+
+    # One object's reads and writes find it by its key: kmock scans every object it holds for each (with
+    # thousands of children that scan was most of a fleet's time to Ready). Writes change the store in
+    # `_handle` before these answer, as in kmock.
+    def _stored(self, request: kmock.Request, namespace: str | None, name: str | None) -> Any:
+        try:
+            return self.objects[request.resource, namespace, name]
+        except KeyError:
+            return None
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        obj = self._stored(request, request.namespace, request.name)
+        if obj is None or obj.deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj.raw
+
+    async def _serve_create(self, request: kmock.Request) -> Any:
+        meta = request.data.get("metadata", {})
+        return self._stored(request, request.namespace or meta.get("namespace"), request.name or meta.get("name")).raw
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        return self._stored(request, request.namespace, request.name).last.raw
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        return self._stored(request, request.namespace, request.name).last.raw
 
     async def _serve_watch(self, request: kmock.Request) -> Any:
         events = self._selecting(request).__aiter__()
@@ -525,7 +536,7 @@ class ScaleApiServer(ApiServer):
             pending.cancel()
 
     async def _selecting(self, request: kmock.Request) -> Any:
-        self._matched(request)
+        self._forget(request)  # a watch is answered for minutes: forgotten once matched
         selected = _selected(request)
         async for event in super()._serve_watch(request):
             if not isinstance(event, dict) or event.get("type") == "BOOKMARK" or selected(event.get("object")):

@@ -188,12 +188,14 @@ def verdict(ok: bool) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    # RSS / service in one row includes what the first passes load once (modules, caches): the target is
+    # on the growth from one count to the next, below the rows
     lines = ["| services | to all Ready | RSS start → Ready (MiB) | RSS / service | idle API req / service / min "
              "| spec change p50 / p99 |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r.services} | {r.ready_s:.1f} s | {r.rss_start_mib:.0f} → {r.rss_ready_mib:.0f} "
-            f"| {r.rss_per_service_mib * 1024:.0f} KiB ({verdict(r.rss_per_service_mib <= RSS_TARGET_MIB)}) "
+            f"| {r.rss_per_service_mib * 1024:.0f} KiB "
             f"| {r.idle_requests_per_service_min:.2f} ({verdict(r.idle_requests_per_service_min <= IDLE_TARGET)}) "
             f"| {r.latency_p50_s * 1000:.0f} / {r.latency_p99_s * 1000:.0f} ms "
             f"({verdict(r.latency_p99_s <= P99_TARGET_S) if r.services >= 300 else 'target at 300'}) |")

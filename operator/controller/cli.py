@@ -10,7 +10,7 @@ import random
 import sys
 from typing import TYPE_CHECKING, Any
 
-from folio.operator.k8s.names import ROUTER_CLUSTER_ROLE
+from folio.operator.k8s.names import ENDPOINT_PICKER_CLUSTER_ROLE, ROUTER_CLUSTER_ROLE
 from folio.operator.spec import DEFAULT_IMAGE
 
 if TYPE_CHECKING:
@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "spec.router.inferencePool unset (default: no)")
     parser.add_argument("--endpoint-picker-port", type=int, default=9002, metavar="PORT",
                         help="port of each InferencePool's endpoint picker Service {name}-epp (0: no endpointPickerRef)")
+    parser.add_argument("--endpoint-picker-image", default="", metavar="IMAGE",
+                        help="deploy each InferencePool's endpoint picker (the Gateway API inference extension's "
+                        "EPP) with this image; empty (default): deploy none, users bring their own")
+    parser.add_argument("--endpoint-picker-cluster-role",
+                        default=os.environ.get("FOLIO_ENDPOINT_PICKER_CLUSTER_ROLE", ENDPOINT_PICKER_CLUSTER_ROLE),
+                        help="the ClusterRole each InferenceService's endpoint pickers are bound to (the chart "
+                        f"creates it; default: $FOLIO_ENDPOINT_PICKER_CLUSTER_ROLE or {ENDPOINT_PICKER_CLUSTER_ROLE})")
     parser.add_argument("--allow-fault-injection", action="store_true",
                         help="accept InferenceServices that set the engine's fault-injection test aids "
                         "(spec.engine.args faultErrorRate, faultLatencyMs, faultLogitNoise, faultCrashAfterTokens; "
@@ -91,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     import kubernetes
     from prometheus_client import start_http_server
 
-    from folio.operator.controller.handlers import configure, register
+    from folio.operator.controller.handlers import configure, register, start_heap_keeper
     from folio.operator.controller.peering import check as check_peering
     from folio.operator.controller.reconcile import Context
     from folio.operator.controller.watches import Watches
@@ -118,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"folio operator: {exc}", file=sys.stderr)
         return 2
+    kopf.on.startup(registry=registry)(start_heap_keeper)
     if settings.peering.mandatory:  # a replica that would wait in vain for its peering object says so
         kopf.on.startup(registry=registry)(check_peering(kube, settings.peering.name, namespaces or [None]))
     plan_settings = PlanSettings(image=args.image,
@@ -125,7 +133,9 @@ def main(args: argparse.Namespace) -> int:
                                  router_cluster_role=args.router_cluster_role,
                                  operator_namespace=os.environ.get("POD_NAMESPACE") or None,
                                  operator_labels=operator_labels,
-                                 inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port)
+                                 inference_pool=args.inference_pool, endpoint_picker_port=args.endpoint_picker_port,
+                                 endpoint_picker_image=args.endpoint_picker_image,
+                                 endpoint_picker_cluster_role=args.endpoint_picker_cluster_role)
     watches = Watches(registry, settings)
     ctx = Context(kube=kube, plan_settings=plan_settings, resync_s=args.resync_seconds, site=site(args),
                   watches=watches)

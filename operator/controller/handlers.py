@@ -27,6 +27,7 @@ from folio.operator.controller import metrics
 from folio.operator.controller.children import INDEXED_KINDS, Children, Expectations, index_child, index_id
 from folio.operator.controller.cli import AUTO_PEERING, PEERING_LIFETIME_S
 from folio.operator.controller.executor import delete_all
+from folio.operator.controller.heap import keep_heap_settled
 from folio.operator.controller.observe import overrides
 from folio.operator.controller.reconcile import Context, memo_part, reconcile
 from folio.operator.controller.runtime import call
@@ -105,8 +106,16 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     return registry
 
 
+async def start_heap_keeper(memo: kopf.Memo, **_: Any) -> None:
+    """`folio operator`'s own process only (not an operator run inside a test's): see `controller.heap`."""
+    memo["heap"] = asyncio.create_task(keep_heap_settled())
+
+
 async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """The operator stops: close the HTTP client its passes shared."""
+    """The operator stops: its heap keeper (if started), and the HTTP client its passes shared."""
+    heap: asyncio.Task[None] | None = memo.get("heap")
+    if heap is not None:
+        heap.cancel()
     ctx: Context | None = memo.get("ctx")
     if ctx is not None:
         await ctx.aclose()

@@ -14,7 +14,7 @@ from typing import Literal
 
 from folio.operator.spec import API_VERSION, DOMAIN, GROUP, KIND, PLURAL
 
-Component = Literal["engine", "router", "prepull", "cache"]
+Component = Literal["engine", "router", "prepull", "cache", "epp"]  # epp: an InferencePool's endpoint picker
 
 ISVC_LABEL = f"{GROUP}/inferenceservice"
 REVISION_LABEL = f"{GROUP}/revision"
@@ -79,6 +79,8 @@ OVERFLOW_KEY_DIR = "/var/run/secrets/folio.dev/overflow"
 OVERFLOW_KEY_FILE = Path(OVERFLOW_KEY_DIR) / "api-key"
 # The ClusterRole the chart creates for every router; the operator only binds it (RoleBinding per service).
 ROUTER_CLUSTER_ROLE = "folio-router"
+# Likewise for the endpoint pickers the operator deploys (`--endpoint-picker-image`): read pods and pools.
+ENDPOINT_PICKER_CLUSTER_ROLE = "folio-endpoint-picker"
 
 
 # ----------------------------------------------------------------------------- labels
@@ -170,8 +172,19 @@ def inference_pool_name(isvc: str, revision: str) -> str:
 def endpoint_picker_name(isvc: str, revision: str) -> str:
     """The endpoint picker Service a revision's InferencePool's ``endpointPickerRef`` names: the upstream
     inferencepool chart's ``{pool}-epp``. One per pool, as an upstream picker serves exactly one pool (a
-    shared one would pick from its own pool whatever the route chose). Folio does not create it."""
+    shared one would pick from its own pool whatever the route chose). Its Deployment has the same name;
+    Folio creates both only with `folio operator --endpoint-picker-image`."""
     return f"{inference_pool_name(isvc, revision)}-epp"
+
+
+def endpoint_picker_account_name(isvc: str) -> str:
+    """The ServiceAccount and RoleBinding every endpoint picker of ``isvc`` shares."""
+    return f"{isvc}-epp"
+
+
+def endpoint_picker_policy_name(isvc: str) -> str:
+    """The NetworkPolicy that admits only the gateway to the endpoint pickers' ext-proc port."""
+    return f"{isvc}-epp"
 
 
 def http_route_name(isvc: str) -> str:

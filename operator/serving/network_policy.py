@@ -9,7 +9,12 @@ the cluster could otherwise call them directly. `{isvc}-engine` has two ingress 
   pickers); neither set admits no gateway, so a pool never opens the engines to a whole cluster;
 - the metrics port (`folio serve --metrics-port`: `/metrics` alone) admits the operator's pods (the
   autoscaler reads it) and, if `spec.networkPolicy.metricsNamespaceLabels` is set, pods in
-  namespaces with those labels (Prometheus), which thus never reach the API.
+  namespaces with those labels (Prometheus), which thus never reach the API; with endpoint pickers
+  deployed (`folio.operator.serving.endpoint_picker`), also this InferenceService's pickers, which
+  score the engines by those metrics.
+
+The pickers get a policy of their own, `{isvc}-epp`: the gateway (the same labels) reaches their ext-proc
+port only, and metrics scrapers their metrics port; nothing else reaches them.
 
 Kubelet probes are node traffic, which NetworkPolicies do not filter on common CNIs.
 `spec.networkPolicy.enabled: false` drops it (then the executor prunes it).
@@ -35,9 +40,11 @@ def engine_network_policy(
     operator_labels: dict[str, str],
     meta: Obj,
     pools: bool = False,
+    pickers: bool = False,
 ) -> Obj | None:
     """The policy for ``isvc``'s engines, or None when the spec opts out. ``meta``: its metadata;
-    ``pools``: InferencePools are published (a gateway reaches the engines past the router)."""
+    ``pools``: InferencePools are published (a gateway reaches the engines past the router);
+    ``pickers``: the operator deploys their endpoint pickers (which scrape the engines' metrics)."""
     settings = spec.network_policy
     if not settings.enabled:
         return None
@@ -49,6 +56,8 @@ def engine_network_policy(
     if pools:
         api_peers += _gateway_peers(settings.gateway_namespace_labels, settings.gateway_pod_labels)
     metrics_peers: list[Obj] = list(operator)
+    if pickers:
+        metrics_peers.append({"podSelector": {"matchLabels": selector(isvc, "epp")}})
     if settings.metrics_namespace_labels:
         metrics_peers.append({"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}})
     ingress = [{"from": api_peers, "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]}]
@@ -67,6 +76,29 @@ def engine_network_policy(
     }
 
 
+def endpoint_picker_network_policy(
+    isvc: str, spec: InferenceServiceSpec, *, ext_proc_port: int, metrics_port: int, meta: Obj
+) -> Obj | None:
+    """The policy for ``isvc``'s endpoint pickers, or None when the spec opts out: the gateway to the
+    ext-proc port, scrapers (`metricsNamespaceLabels`) to the metrics port; a port without peers is closed."""
+    settings = spec.network_policy
+    if not settings.enabled:
+        return None
+    ingress: list[Obj] = []
+    gateway = _gateway_peers(settings.gateway_namespace_labels, settings.gateway_pod_labels)
+    if gateway:  # an empty `from` would admit everyone
+        ingress.append({"from": gateway, "ports": [{"protocol": "TCP", "port": ext_proc_port}]})
+    if settings.metrics_namespace_labels:
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": dict(settings.metrics_namespace_labels)}}],
+                        "ports": [{"protocol": "TCP", "port": metrics_port}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {"podSelector": {"matchLabels": selector(isvc, "epp")}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 def _gateway_peers(namespace_labels: dict[str, str] | None, pod_labels: dict[str, str] | None) -> list[Obj]:
     """One peer for the gateway: both selectors together (AND); none when neither is set (an empty
     selector would admit every pod, or every namespace)."""
@@ -80,3 +112,7 @@ def _gateway_peers(namespace_labels: dict[str, str] | None, pod_labels: dict[str
 
 def policy_labels(isvc: str) -> dict[str, str]:
     return component_labels(isvc, "engine")
+
+
+def endpoint_picker_policy_labels(isvc: str) -> dict[str, str]:
+    return component_labels(isvc, "epp")

@@ -3,11 +3,13 @@
 Per running revision: an engine Deployment `{isvc}-{rev}` (zero replicas while its weights are not
 verified) and a headless Service of the same name, plus the pre-pull Job while those weights are
 pending, and with ``autoscaling.keda`` a KEDA ScaledObject (`folio.operator.serving.keda`); with
-InferencePools an InferencePool (`folio.operator.serving.inference_pool`).
+InferencePools an InferencePool (`folio.operator.serving.inference_pool`) and, with an endpoint-picker
+image, its picker's Deployment and Service (`folio.operator.serving.endpoint_picker`).
 Per service: the weights cache PVC, the router (Deployment and Service named after the
 InferenceService, its ServiceAccount, Role and RoleBinding), PodDisruptionBudgets, the engines'
 NetworkPolicy and, with InferencePools and a Gateway, the HTTPRoute over them
-(`folio.operator.serving.http_route`). Pure: the
+(`folio.operator.serving.http_route`); with endpoint pickers, their ServiceAccount, RoleBinding and
+NetworkPolicy. Pure: the
 same plan always gives the same objects, so drift repair is just "render again and apply".
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folio.operator.k8s.names import (
+    ENDPOINT_PICKER_CLUSTER_ROLE,
     ENGINE_METRICS_PORT,
     ENGINE_PORT,
     OVERFLOW_KEY_DIR,
@@ -30,6 +33,7 @@ from folio.operator.k8s.names import (
     cache_pvc_name,
     component_labels,
     disruption_budget_name,
+    endpoint_picker_policy_name,
     engine_name,
     network_policy_name,
     router_account_name,
@@ -39,9 +43,16 @@ from folio.operator.k8s.names import (
 from folio.operator.prepull import CACHE_MOUNT
 from folio.operator.serving import keda, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
+from folio.operator.serving.endpoint_picker import EXT_PROC_PORT, endpoint_picker_objects
+from folio.operator.serving.endpoint_picker import METRICS_PORT as PICKER_METRICS_PORT
 from folio.operator.serving.http_route import http_route
 from folio.operator.serving.inference_pool import DEFAULT_PICKER_PORT, inference_pools, wanted
-from folio.operator.serving.network_policy import engine_network_policy, policy_labels
+from folio.operator.serving.network_policy import (
+    endpoint_picker_network_policy,
+    endpoint_picker_policy_labels,
+    engine_network_policy,
+    policy_labels,
+)
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
 from folio.operator.serving.security import harden
 from folio.operator.spec import (
@@ -91,6 +102,14 @@ class PlanSettings:
     # InferencePool for specs that leave `router.inferencePool` unset, and its endpoint picker's port (0: none)
     inference_pool: bool = False
     endpoint_picker_port: int = DEFAULT_PICKER_PORT
+    # The pickers' image (`--endpoint-picker-image`; empty: users deploy their own) and the chart's
+    # ClusterRole their RoleBinding refers to.
+    endpoint_picker_image: str = ""
+    endpoint_picker_cluster_role: str = ENDPOINT_PICKER_CLUSTER_ROLE
+
+    def deploys_pickers(self, pools: bool) -> bool:
+        """Pickers go with the pools, given an image and a port for the pools' references."""
+        return pools and bool(self.endpoint_picker_image) and bool(self.endpoint_picker_port)
 
 
 # ---------------------------------------------------------------------------- metadata
@@ -133,22 +152,35 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
     pools = wanted(spec.router.inference_pool, settings.inference_pool)
+    pickers = settings.deploys_pickers(pools)
     policy = engine_network_policy(
         owner.name, owner.namespace, spec, operator_namespace=settings.operator_namespace,
-        operator_labels=dict(settings.operator_labels), pools=pools,
+        operator_labels=dict(settings.operator_labels), pools=pools, pickers=pickers,
         meta=_meta(owner, network_policy_name(owner.name), policy_labels(owner.name)),
     )
     if policy is not None:
         out.append(policy)
     if pools:
         out += gateway_objects(serving, owner, settings)
+    if pickers:
+        picker_policy = endpoint_picker_network_policy(
+            owner.name, spec, ext_proc_port=EXT_PROC_PORT, metrics_port=PICKER_METRICS_PORT,
+            meta=_meta(owner, endpoint_picker_policy_name(owner.name), endpoint_picker_policy_labels(owner.name)),
+        )
+        if picker_policy is not None:
+            out.append(picker_policy)
     return out
 
 
 def gateway_objects(serving: ServingPlan, owner: Owner, settings: PlanSettings) -> list[Obj]:
-    """A pool per running revision and, with a Gateway to attach to, the route that splits over them."""
+    """A pool per running revision (with its endpoint picker, when the operator deploys them) and, with a
+    Gateway to attach to, the route that splits over them."""
     ref, revisions = owner_reference(owner), [rev.name for rev in serving.revisions]
     out = inference_pools(owner.name, owner.namespace, revisions, ref, picker_port=settings.endpoint_picker_port)
+    if settings.deploys_pickers(True):
+        out += endpoint_picker_objects(owner.name, owner.namespace, revisions, ref,
+                                       image=settings.endpoint_picker_image, picker_port=settings.endpoint_picker_port,
+                                       cluster_role=settings.endpoint_picker_cluster_role)
     gateway = serving.spec.router.gateway
     if gateway is not None:
         out.append(http_route(owner.name, owner.namespace, gateway, revisions, serving.status.traffic, ref))

@@ -49,6 +49,13 @@ ROUTER_ROLE: dict[Rule, frozenset[str]] = {
     ("serving.folio.dev", "inferenceservices"): frozenset({"get", "list", "watch"}),
     ("discovery.k8s.io", "endpointslices"): frozenset({"get", "list", "watch"}),
 }
+# The endpoint pickers' (operator.inferencePool.endpointPickerImage): read their pool and its pods.
+PICKER_ROLE: dict[Rule, frozenset[str]] = {
+    ("", "pods"): frozenset({"get", "list", "watch"}),
+    ("inference.networking.k8s.io", "inferencepools"): frozenset({"get", "list", "watch"}),
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): frozenset({"get", "list", "watch"}),
+    ("inference.networking.x-k8s.io", "inferencemodelrewrites"): frozenset({"get", "list", "watch"}),
+}
 NEVER = {"*", "escalate", "impersonate", "deletecollection"}
 
 
@@ -68,7 +75,7 @@ def granted(role: h.Obj, *, bind_to: str | None = None) -> dict[Rule, frozenset[
 
 def _role(objects: list[h.Obj]) -> h.Obj:
     (role,) = [r for r in h.find(objects, "Role") + h.find(objects, "ClusterRole")
-               if not r["metadata"]["name"].endswith("-router")]
+               if not r["metadata"]["name"].endswith(("-router", "-endpoint-picker"))]
     return role
 
 
@@ -168,3 +175,21 @@ def test_operator_binds_the_charts_router_role(rendered: dict[str, list[h.Obj]],
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": router_role["metadata"]["name"]}
     assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole")]
+
+
+def test_the_operator_binds_the_charts_endpoint_picker_role_only_when_it_deploys_pickers(
+    rendered: dict[str, list[h.Obj]],
+) -> None:
+    """With an endpoint-picker image the chart makes the pickers' read-only ClusterRole, and the operator may
+    bind it (besides the routers'), not hold its rules; without one there is neither."""
+    assert not [r for r in h.find(rendered["defaults"], "ClusterRole") if r["metadata"]["name"].endswith("-picker")]
+    objects = rendered["observability"]
+    (picker_role,) = [r for r in h.find(objects, "ClusterRole") if r["metadata"]["name"].endswith("-endpoint-picker")]
+    assert granted(picker_role) == PICKER_ROLE
+    role = _role(objects)
+    (bind,) = [r for r in role["rules"] if "bind" in r["verbs"]]
+    assert bind["resourceNames"] == [_router_role(objects)["metadata"]["name"], picker_role["metadata"]["name"]]
+    without_bind = {**role, "rules": [r for r in role["rules"] if r is not bind]}
+    assert granted(without_bind) == ALLOWED
+    args = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--endpoint-picker-cluster-role={picker_role['metadata']['name']}" in args

@@ -98,6 +98,9 @@ def test_operator_args_are_accepted_by_folio_operator(rendered: dict[str, list[h
     assert parsed("observability").verbose is True  # from extraArgs
     assert (defaults.inference_pool, defaults.endpoint_picker_port) == (False, 9002)
     assert (parsed("observability").inference_pool, parsed("observability").endpoint_picker_port) == (True, 9100)
+    assert (defaults.endpoint_picker_image, parsed("observability").endpoint_picker_image) == (
+        "", "registry.example/epp:v1.0.0")
+    assert parsed("observability").endpoint_picker_cluster_role == f"{h.RELEASE}-endpoint-picker"
 
 
 def test_operator_deployment_wiring(rendered: dict[str, list[h.Obj]]) -> None:

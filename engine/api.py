@@ -13,10 +13,14 @@ if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
     from folio.engine.llm import LLM
     from folio.engine.llm_engine import LLMEngine
+    from folio.engine.lora import LoRAError, LoRARequest
     from folio.engine.outputs import CompletionOutput, RequestOutput
     from folio.engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "LoRAError", "LoRARequest", "RequestOutput",
+    "SamplingParams",
+]
 
 _LAZY = {
     "LLM": "folio.engine.llm",
@@ -25,6 +29,8 @@ _LAZY = {
     "SamplingParams": "folio.engine.sampling_params",
     "RequestOutput": "folio.engine.outputs",
     "CompletionOutput": "folio.engine.outputs",
+    "LoRARequest": "folio.engine.lora",
+    "LoRAError": "folio.engine.lora",
 }
 
 

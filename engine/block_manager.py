@@ -19,7 +19,8 @@ from folio.engine.sequence import Sequence
 
 
 def block_key(parent: int | None, token_ids: tuple[int, ...]) -> Hashable:
-    """A full block's cache key: its parent's serial (None for a prompt's first block) and its tokens."""
+    """A full block's cache key: its parent's serial (for a prompt's first block its sequence's
+    ``cache_root``: None for the base model, negative per adapter) and its tokens."""
     return (parent, token_ids)
 
 
@@ -66,7 +67,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         found: list[int] = []
-        parent: int | None = None
+        parent = seq.cache_root
         bs = self.block_size
         for i in range((len(seq) - 1) // bs):
             block_id = self._cached.get(block_key(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
@@ -81,7 +82,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        parent = seq.block_serials[-1] if seq.block_serials else None
+        parent = seq.block_serials[-1] if seq.block_serials else seq.cache_root
         for i in range(len(seq.block_serials), seq.num_computed_tokens // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             key = block_key(parent, tokens)

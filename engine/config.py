@@ -42,6 +42,12 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # Seconds a tensor-parallel collective may wait before the watchdog takes the replica down.
     collective_timeout: float = 15.0
+    # Multi-LoRA (vLLM's flags): adapters in ``max_loras`` device slots of rank up to ``max_lora_rank``, a
+    # host cache of ``max_cpu_loras`` loaded ones (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -69,6 +75,12 @@ class EngineConfig:
             raise bad("tensor_parallel_size", ">= 1")
         if not self.collective_timeout > 0:
             raise bad("collective_timeout", "> 0")
+        if self.max_loras < 1:
+            raise bad("max_loras", ">= 1")
+        if self.max_lora_rank < 1:
+            raise bad("max_lora_rank", ">= 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise bad("max_cpu_loras", f">= max_loras ({self.max_loras})")
 
 
 @dataclass

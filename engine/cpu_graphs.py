@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from folio.engine.cuda_graphs import DecodeBuffers, Forward
 from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.lora import LoRAContext
 from folio.kernels.recording import NativeCall, NotReplayable, recording
 
 log = logging.getLogger(__name__)
@@ -282,55 +283,71 @@ class CpuDecodeGraphs:
     and sampling stay outside the graphs, as with `folio.engine.cuda_graphs.DecodeGraphs`.
     """
 
-    def __init__(self, forward: Forward, *, max_batch_size: int, max_model_len: int, block_size: int) -> None:
+    def __init__(
+        self, forward: Forward, *, max_batch_size: int, max_model_len: int, block_size: int,
+        lora_zero_slot: int | None = None,
+    ) -> None:
+        """``lora_zero_slot``: with LoRA, the adapter stacks' always-zero slot (their last); None without."""
         self.max_batch_size = min(max_batch_size, MAX_RECORDED_BATCH)
-        self.buffers = DecodeBuffers(self.max_batch_size, max_model_len, block_size, torch.device("cpu"))
+        self.lora_zero_slot = lora_zero_slot
+        self.buffers = DecodeBuffers(
+            self.max_batch_size, max_model_len, block_size, torch.device("cpu"), lora=lora_zero_slot is not None
+        )
         self._forward = forward
         self.arena = Arena()
-        self._graphs: dict[int, tuple[CpuStepGraph, torch.Tensor]] = {}
-        self._eager: set[int] = set()  # sizes that cannot be recorded
-        self._runs: dict[int, int] = {}  # eager steps per size not recorded yet
+        # per (batch size, whether it has adapter tokens): a base-model step pays nothing for LoRA
+        self._graphs: dict[tuple[int, bool], tuple[CpuStepGraph, torch.Tensor]] = {}
+        self._eager: set[tuple[int, bool]] = set()  # passes that cannot be recorded
+        self._runs: dict[tuple[int, bool], int] = {}  # eager steps per pass not recorded yet
         self.recordings = 0  # how many passes were recorded (the tests read it)
 
-    def _context(self, n: int) -> AttentionContext:
+    def _context(self, n: int, lora: bool) -> AttentionContext:
         """The native CPU decode path's context over the static buffers: the rows' own block tables, read
-        in place; every pass allows the buffers' full width of context."""
+        in place; every pass allows the buffers' full width of context. With ``lora``, the rows' adapter
+        slots through the fixed-shape LoRA ops, so any mix of adapters replays."""
         b = self.buffers
-        return AttentionContext(
+        ctx = AttentionContext(
             slot_mapping=b.slot_mapping[:n], prefills=[], num_prefill_tokens=0,
             decode_block_tables=b.block_tables[:n], decode_context_lens=b.context_lens[:n],
         )  # fmt: skip
+        if lora:
+            assert b.lora_slots is not None and self.lora_zero_slot is not None
+            ctx.lora = LoRAContext.for_graph(b.lora_slots[:n], self.lora_zero_slot)
+        return ctx
 
-    def _pass(self, n: int) -> torch.Tensor:
-        return self._forward(self.buffers.input_ids[:n], self.buffers.positions[:n], self._context(n))
+    def _pass(self, key: tuple[int, bool]) -> torch.Tensor:
+        n, lora = key
+        return self._forward(self.buffers.input_ids[:n], self.buffers.positions[:n], self._context(n, lora))
 
-    def _record(self, n: int) -> torch.Tensor:
+    def _record(self, key: tuple[int, bool]) -> torch.Tensor:
         graph = CpuStepGraph(self.arena)
         try:
             # an arena for the largest batch at once, as the passes grow about linearly with the batch
-            out = graph.capture(functools.partial(self._pass, n), headroom=self.max_batch_size / n)
+            out = graph.capture(functools.partial(self._pass, key), headroom=self.max_batch_size / key[0])
         except NotReplayable as exc:
-            log.info("decode steps of %d sequences run eagerly: %s", n, exc)
-            self._eager.add(n)
-            return self._pass(n)  # the recording may have stopped part way: this step runs again, eagerly
+            log.info("decode steps of %d sequences%s run eagerly: %s", key[0], " with adapters" * key[1], exc)
+            self._eager.add(key)
+            return self._pass(key)  # the recording may have stopped part way: this step runs again, eagerly
         self.recordings += 1
-        self._graphs[n] = (graph, out)
+        self._graphs[key] = (graph, out)
         return out
 
     @torch.inference_mode()
-    def run(self, *step: torch.Tensor) -> torch.Tensor:
-        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them;
-        valid until the next ``run``."""
+    def run(self, *step: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them
+        (the adapter slots None for a base-model step); valid until the next ``run``."""
+        assert step[0] is not None
         n = step[0].shape[0]
         if not 0 < n <= self.max_batch_size:
             raise ValueError(f"a decode step of {n} sequences has no CPU graph (1..{self.max_batch_size})")
         self.buffers.load(*step)
-        recorded = self._graphs.get(n)
+        key = (n, len(step) > 5 and step[5] is not None)
+        recorded = self._graphs.get(key)
         if recorded is None or recorded[0].generation != self.arena.generation:  # none, or in an old arena
-            runs = self._runs[n] = self._runs.get(n, 0) + 1
-            if n in self._eager or runs <= RECORD_AFTER:
-                return self._pass(n)
-            return self._record(n)
+            runs = self._runs[key] = self._runs.get(key, 0) + 1
+            if key in self._eager or runs <= RECORD_AFTER:
+                return self._pass(key)
+            return self._record(key)
         graph, out = recorded
         graph.replay()
         return out

@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 
 from folio.engine.layers.context import AttentionContext
+from folio.engine.layers.lora import LoRAContext
 from folio.kernels.layout import BLOCK_TABLE_DTYPE, CONTEXT_LENS_DTYPE, PAD_SLOT_ID
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,18 @@ def capture_sizes(max_batch_size: int) -> list[int]:
 
 class DecodeBuffers:
     """The static inputs a decode graph reads, sized for its largest batch; ``load`` copies a step's into
-    their first rows."""
+    their first rows. With ``lora``, each row's adapter slot too (-1: the base model)."""
 
-    def __init__(self, max_batch_size: int, max_model_len: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self, max_batch_size: int, max_model_len: int, block_size: int, device: torch.device, *, lora: bool = False
+    ) -> None:
         blocks_per_seq = -(-max_model_len // block_size)
         self.input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_batch_size,), PAD_SLOT_ID, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(max_batch_size, blocks_per_seq, dtype=BLOCK_TABLE_DTYPE, device=device)
         self.context_lens = torch.ones(max_batch_size, dtype=CONTEXT_LENS_DTYPE, device=device)
+        self.lora_slots = torch.full((max_batch_size,), -1, dtype=torch.int32, device=device) if lora else None
 
     def load(
         self,
@@ -117,6 +121,7 @@ class DecodeBuffers:
         slot_mapping: torch.Tensor,  # [n] int64: the cache slot its K/V goes to
         block_tables: torch.Tensor,  # [n, w] int32, w <= cdiv(max_model_len, block_size)
         context_lens: torch.Tensor,  # [n] int32, this step's token included
+        lora_slots: torch.Tensor | None = None,  # [n] int32: each row's adapter slot (None: all -1)
         *,
         pad_to: int | None = None,
     ) -> None:
@@ -128,6 +133,12 @@ class DecodeBuffers:
         self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
         self.block_tables[:n, :width].copy_(block_tables, non_blocking=True)
         self.context_lens[:n].copy_(context_lens, non_blocking=True)
+        if self.lora_slots is not None:  # every row, padding too: -1 adds nothing
+            self.lora_slots.fill_(-1)
+            if lora_slots is not None:
+                self.lora_slots[:n].copy_(lora_slots, non_blocking=True)
+        else:
+            assert lora_slots is None, "adapter slots for graphs made without LoRA"
         if pad_to is not None and pad_to > n:
             # Padding rows: the KV store skips slot -1 (a stale slot would overwrite a live sequence's
             # cache); the other values only keep the padding's attention cheap and in bounds. Stale block
@@ -154,12 +165,17 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         graph_factory: GraphFactory,
+        lora_zero_slot: int | None = None,
     ) -> None:
+        """``lora_zero_slot``: with LoRA, the adapter stacks' always-zero slot (their last); None without."""
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         self.sizes = capture_sizes(max_batch_size)
         self.max_model_len = max_model_len
-        self.buffers = DecodeBuffers(self.sizes[-1], max_model_len, block_size, device)
+        self.lora_zero_slot = lora_zero_slot
+        self.buffers = DecodeBuffers(
+            self.sizes[-1], max_model_len, block_size, device, lora=lora_zero_slot is not None
+        )
         self._graphs: dict[int, StepGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         start = time.perf_counter()
@@ -192,7 +208,7 @@ class DecodeGraphs:
 
     def _context(self, size: int) -> AttentionContext:
         b = self.buffers
-        return AttentionContext(
+        ctx = AttentionContext(
             slot_mapping=b.slot_mapping[:size],
             prefills=[],
             num_prefill_tokens=0,
@@ -201,11 +217,17 @@ class DecodeGraphs:
             block_tables=b.block_tables[:size],
             context_lens=b.context_lens[:size],
         )
+        if b.lora_slots is not None:  # captured with the LoRA ops: any mix of adapters replays
+            assert self.lora_zero_slot is not None
+            ctx.lora = LoRAContext.for_graph(b.lora_slots[:size], self.lora_zero_slot)
+        return ctx
 
     @torch.inference_mode()  # the buffers are inference tensors (made under the runner's inference mode)
-    def run(self, *step: torch.Tensor) -> torch.Tensor:
-        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them.
-        The result is a view of a static output: use it before the next ``run``."""
+    def run(self, *step: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [n, hidden] of one decode step, from its inputs as `DecodeBuffers.load` takes them
+        (the adapter slots None for a base-model step). The result is a view of a static output: use it
+        before the next ``run``."""
+        assert step[0] is not None
         n = step[0].shape[0]
         size = self.size_for(n)
         if size is None or n == 0:

@@ -9,6 +9,7 @@ from typing import Any
 
 from folio.engine.config import EngineConfig
 from folio.engine.llm_engine import LLMEngine
+from folio.engine.lora.request import LoRARequest
 from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
 
@@ -29,8 +30,11 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order, each with ``params.n`` completions."""
+        """Generate for every prompt; outputs come back in prompt order, each with ``params.n`` completions.
+        ``lora_request``: the adapter of every prompt, or one per prompt (None: the base model); an adapter
+        the engine does not know yet is added on first use, as vLLM's offline LLM does."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -41,14 +45,25 @@ class LLM:
         )
         if len(params_list) != len(prompt_list):
             raise ValueError(f"got {len(prompt_list)} prompts but {len(params_list)} sampling params")
+        loras = (
+            [lora_request] * len(prompt_list)
+            if lora_request is None or isinstance(lora_request, LoRARequest)
+            else list(lora_request)
+        )
+        if len(loras) != len(prompt_list):
+            raise ValueError(f"got {len(prompt_list)} prompts but {len(loras)} LoRA requests")
         engine = self.llm_engine
+        for lora in dict.fromkeys(r for r in loras if r is not None):
+            known = {r.lora_name: r for r in engine.list_loras()}
+            if known.get(lora.lora_name) != lora:
+                engine.add_lora(lora)
         # (request index, completion index) of each engine request
         where: dict[str, tuple[int, int]] = {}
         bases = [str(next(self._ids)) for _ in prompt_list]
         try:
-            for i, (prompt, params, base) in enumerate(zip(prompt_list, params_list, bases, strict=True)):
+            for i, (prompt, params, base, lora) in enumerate(zip(prompt_list, params_list, bases, loras, strict=True)):
                 for j, sub_id, sub_params in _fan_out(base, params):
-                    engine.add_request(sub_id, prompt, sub_params)
+                    engine.add_request(sub_id, prompt, sub_params, lora_request=lora)
                     where[sub_id] = (i, j)
         except Exception:
             for rid in where:  # nothing half-scheduled: drop what this call already queued

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 import psutil
 import torch
@@ -17,9 +18,12 @@ import torch
 from folio.engine import memory_profile, rules
 from folio.engine.block_manager import BlockManager
 from folio.engine.config import EngineConfig, ModelConfig
+from folio.engine.distributed import lora as tp_lora
 from folio.engine.distributed.errors import RankFailedError
 from folio.engine.distributed.executor import TensorParallelExecutor
+from folio.engine.layers.lora import attach_lora
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
+from folio.engine.lora import LoRAError, LoRALayout, LoRARequest, LoRASlots
 from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.prompt_logits import LogitNoise
@@ -60,6 +64,7 @@ class LLMEngine:
         self.model_config: ModelConfig = model_config
         # Tensor parallelism: rank 0 (this process) starts the other ranks, which load beside it.
         self.parallel: TensorParallelExecutor | None = None
+        self._lora_tracker: tp_lora.SlotTracker | None = None
         if config.tensor_parallel_size > 1:
             self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
             self.device = self.parallel.device
@@ -70,6 +75,7 @@ class LLMEngine:
             )
             self.tokenizer = load_tokenizer(config.model, config.tokenizer)
             rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
+            self.lora_slots = self._start_lora(model, model_config)  # before the KV cache takes what is left
             budget = step_token_budget(config, model_config)
             self.runner, num_blocks = self._start_runner(model, rank_config, budget)
             self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
@@ -86,7 +92,11 @@ class LLMEngine:
 
         bs = config.block_size
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill, self.lora_slots
+        )
+        self._lora_roots: dict[str, int] = {}  # adapter name → its prefix-cache root (negative, never reused)
+        self._lora_registrations = 0
         self._seqs: dict[str, Sequence] = {}
         self.num_failed_steps = 0
         self._failing_streak = 0
@@ -102,6 +112,29 @@ class LLMEngine:
             )
 
     # --- sizing -----------------------------------------------------------------------------------------
+
+    def _start_lora(self, model: torch.nn.Module, cfg: ModelConfig) -> LoRASlots | None:
+        """With enable_lora: the layers' adapter stacks (``max_loras`` slots of ``max_lora_rank``) and the
+        slots over them; None without."""
+        config = self.config
+        if not config.enable_lora:
+            return None
+        layout = LoRALayout(cfg)
+        # one slot more than the adapters get: kept zero, the decode graphs' slot for base-model rows
+        slots, shard = config.max_loras + 1, None
+        if self.parallel is None:
+            stacks = layout.allocate(slots, config.max_lora_rank, self.dtype, self.device)
+        else:  # this rank's shard of each adapter; the other ranks load theirs as rank 0 fills its slots
+            shards = model.load_stats.shards
+            stacks = tp_lora.local_stacks(layout, shards, slots, config.max_lora_rank, self.dtype, self.device)
+            shard = tp_lora.lora_shard(shards)
+        attach_lora(model, stacks)
+        lora_slots = LoRASlots(
+            config.max_loras, config.max_cpu_loras, model_config=layout, max_rank=config.max_lora_rank,
+            stacks=stacks, dtype=self.dtype, shard=shard,
+        )
+        self._lora_tracker = tp_lora.SlotTracker(lora_slots) if self.parallel else None
+        return lora_slots
 
     def _start_runner(self, model: torch.nn.Module, cfg: ModelConfig, budget: int) -> tuple[ModelRunner, int]:
         """The model runner (every tensor-parallel rank's) with its KV cache: ``kv_cache_memory_gib`` (or
@@ -119,6 +152,7 @@ class LLMEngine:
         runner = ModelRunner(
             model, cfg, num_blocks, config.block_size, self.dtype, self.device, config.seed,
             max_num_seqs=config.max_num_seqs, enforce_eager=eager,
+            lora_zero_slot=config.max_loras if config.enable_lora else None,
         )
         if self.parallel:
             self.parallel.wait_ready()
@@ -144,7 +178,8 @@ class LLMEngine:
     def _run_step(self, batch: list[ScheduledSeq]) -> StepResult:
         """One step on this rank's runner, the other tensor-parallel ranks running it beside."""
         if self.parallel is not None:
-            self.parallel.broadcast_step(batch)
+            tracker = self._lora_tracker  # the adapter slots rank 0 wrote, for the other ranks to follow
+            self.parallel.broadcast_step(batch, tracker.writes() if tracker is not None else ())
         return self.runner.step(batch)
 
     def _fixed_kv_budget(self) -> float:
@@ -179,18 +214,82 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids, max_model_len=self.model_config.max_model_len,
         )  # fmt: skip
 
+    # --- adapters ---------------------------------------------------------------------------------------
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Register an adapter and load it into the host cache now, so that a bad one raises `LoRAError`
+        here and changes nothing. Adding the same request again is a no-op."""
+        slots = self._require_lora(request.lora_name)
+        if slots.get(request.lora_name) == request:
+            return
+        slots.register(request)
+        try:
+            slots.load(request.lora_int_id)
+        except BaseException:
+            slots.remove(request.lora_name)
+            raise
+        self._lora_registrations += 1
+        self._lora_roots[request.lora_name] = -self._lora_registrations
+
+    def remove_lora(self, name: str) -> bool:
+        """Unregister ``name`` (False if unknown): new requests for it are refused, requests running under
+        it finish; those still waiting for a slot fail (their adapter is gone before they could start)."""
+        if self.lora_slots is None or not self.lora_slots.is_registered(name):
+            return False
+        waiting = [s for s in self.scheduler.waiting
+                   if s.lora_request is not None and s.lora_request.lora_name == name and s.lora_slot < 0]
+        for seq in waiting:
+            seq.finish_reason, seq.stop_reason = "error", None
+            seq.error = f"adapter {name!r} was unloaded before the request started"
+            self.scheduler.finish(seq)
+            self.scheduler.failed.append(seq)
+        self.lora_slots.remove(name)
+        del self._lora_roots[name]
+        return True
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.lora_slots is None else self.lora_slots.loaded()
+
+    def lora_state(self) -> tuple[list[str], list[str]]:
+        """Names of the adapters of running requests and of waiting ones (`vllm:lora_requests_info`)."""
+
+        def names(seqs: Iterable[Sequence]) -> list[str]:
+            return list(dict.fromkeys(s.lora_request.lora_name for s in seqs if s.lora_request is not None))
+
+        return names(self.scheduler.running), names(self.scheduler.waiting)
+
+    def _require_lora(self, name: str) -> LoRASlots:
+        if self.lora_slots is None:
+            raise LoRAError(f"adapter {name!r}: LoRA is not enabled on this engine (enable_lora / --enable-lora)")
+        return self.lora_slots
+
+    def _lora_for(self, request: LoRARequest) -> tuple[LoRARequest, int]:
+        """The registered adapter a request names, and its prefix-cache root; `LoRAError` if unknown."""
+        known = self._require_lora(request.lora_name).get(request.lora_name)
+        if known is None:
+            raise LoRAError(f"adapter {request.lora_name!r} is not loaded")
+        if known.lora_int_id != request.lora_int_id or known.lora_path != request.lora_path:
+            raise LoRAError(f"adapter {request.lora_name!r} is loaded as id {known.lora_int_id} from "
+                            f"{known.lora_path}, not id {request.lora_int_id} from {request.lora_path}")
+        return known, self._lora_roots[known.lora_name]
+
+    # --- requests ---------------------------------------------------------------------------------------
+
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None,
+        resume: Replay | None = None, lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request; raises `RuleError` (a ValueError, queueing nothing) on bad input, with
         the words the HTTP API uses (`folio.engine.rules`). ``group`` names the client request it is one
         sequence of (the scheduler queues groups fairly); default: its own. ``resume`` continues it after
-        output tokens already handed out (`replay` of them): same parameters, ``max_tokens`` counting them."""
+        output tokens already handed out (`replay` of them): same parameters, ``max_tokens`` counting them.
+        ``lora_request`` runs it under a registered adapter (`add_lora`); `LoRAError` (a ValueError) for one
+        that is not, or without enable_lora."""
         # Only a caller inside Folio can break these (LLM and the server fan n out and number sequences).
         assert request_id not in self._seqs, f"request id {request_id!r} is already in use"
         assert isinstance(params, SamplingParams), f"params must be SamplingParams, got {type(params).__name__}"
         assert params.n == 1, f"the engine runs one sequence per request, got n={params.n}; fan out n first"
+        lora, cache_root = self._lora_for(lora_request) if lora_request is not None else (None, None)
         text = prompt if isinstance(prompt, str) else None
         token_ids = list(self.tokenizer(prompt).input_ids) if text is not None else list(prompt)
         rules.check_prompt_ids(token_ids, self.model_config.vocab_size)
@@ -209,7 +308,7 @@ class LLMEngine:
                 param="max_tokens",
                 code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             )
-        seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids)
+        seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids, lora, cache_root)
         seq.group = group or request_id
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device)
@@ -249,8 +348,11 @@ class LLMEngine:
         the sampler fails the requests of this step (finish reason "error") and no others; only a run of
         failing steps raises EngineBrokenError."""
         batch = self.scheduler.schedule()
+        failed = self.scheduler.take_failed()  # e.g. an adapter whose files could not be loaded
+        for seq in failed:
+            self._seqs.pop(seq.request_id, None)
         if not batch:
-            return []
+            return [seq.take_output() for seq in failed]
         try:
             sampled, result = self._run_step(batch)
         except RankFailedError as exc:
@@ -270,7 +372,7 @@ class LLMEngine:
         for seq in updated:
             if seq.is_finished:
                 del self._seqs[seq.request_id]
-        return [seq.take_output() for seq in updated]
+        return [seq.take_output() for seq in [*failed, *updated]]
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""

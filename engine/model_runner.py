@@ -13,6 +13,7 @@ from folio.engine.block_tables import BlockTables
 from folio.engine.config import ModelConfig
 from folio.engine.cpu_graphs import CpuDecodeGraphs
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
+from folio.engine.layers.lora import LoRAContext
 from folio.engine.models.base import DecoderLM
 from folio.engine.sampler import Sampler, SampleResult, plain_greedy
 from folio.engine.scheduler import ScheduledSeq
@@ -41,6 +42,11 @@ class StepInputs:
     context_lens: list[int] = field(default_factory=list)  # per sequence, this step's tokens included
     prefills: list[PrefillSegment] = field(default_factory=list)
     logit_rows: list[int] = field(default_factory=list)  # each sampling sequence's last row, as `sampling`
+    lora_slots: list[int] = field(default_factory=list)  # each token's adapter slot (-1: base); [] for none
+
+    @property
+    def has_lora(self) -> bool:
+        return bool(self.lora_slots)
 
     @property
     def decodes(self) -> list[ScheduledSeq]:
@@ -51,8 +57,11 @@ class StepInputs:
         return [item for item in self.ordered if item.samples]
 
 
-def prepare_inputs(batch: list[ScheduledSeq], block_size: int, device: torch.device) -> StepInputs:
-    """The step's flat token batch, shared by the eager and the CUDA-graph paths."""
+def prepare_inputs(
+    batch: list[ScheduledSeq], block_size: int, device: torch.device, *, lora: bool = False
+) -> StepInputs:
+    """The step's flat token batch, shared by the eager and the CUDA-graph paths; with ``lora`` (the engine
+    serves adapters), each token's adapter slot where the step has an adapter token."""
     prefills = [s for s in batch if s.num_tokens > 1]
     decodes = sorted((s for s in batch if s.num_tokens == 1), key=lambda s: s.seq.num_computed_tokens)
     inputs = StepInputs(prefills + decodes, num_prefill_tokens=sum(s.num_tokens for s in prefills))
@@ -73,6 +82,8 @@ def prepare_inputs(batch: list[ScheduledSeq], block_size: int, device: torch.dev
             inputs.prefills.append(PrefillSegment(row, row + item.num_tokens, end, blocks))
         if item.samples:
             inputs.logit_rows.append(row + item.num_tokens - 1)
+    if lora and any(item.seq.lora_slot >= 0 for item in inputs.ordered):
+        inputs.lora_slots = [item.seq.lora_slot for item in inputs.ordered for _ in range(item.num_tokens)]
     return inputs
 
 
@@ -96,8 +107,12 @@ class ModelRunner:
         *,
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
+        lora_zero_slot: int | None = None,
     ) -> None:
+        """``lora_zero_slot``: with LoRA, the index of the adapter stacks' always-zero last slot, which the
+        decode graphs map the base model's rows to; None without LoRA."""
         self.model = model
+        self.lora_zero_slot = lora_zero_slot
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
@@ -143,6 +158,7 @@ class ModelRunner:
             self.decode_graphs = CpuDecodeGraphs(
                 lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx, None),
                 max_batch_size=self.max_num_seqs, max_model_len=self.cfg.max_model_len, block_size=self.block_size,
+                lora_zero_slot=self.lora_zero_slot,
             )  # fmt: skip
 
     @property
@@ -154,7 +170,7 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
-        inputs = prepare_inputs(batch, self.block_size, self.device)
+        inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora_zero_slot is not None)
         if self._fits_decode_graphs(batch):
             return self._graph_decode_step(inputs)
         decodes = inputs.decodes
@@ -174,7 +190,12 @@ class ModelRunner:
         wanted = prompt_logits.wanted(inputs)
         # With prompts in the step, most rows need no logits: the model hands back the sampled ones only.
         rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, self.kv_caches, ctx, None if wanted or not inputs.prefills else rows)
+        only_rows = None if wanted or not inputs.prefills else rows
+        if inputs.has_lora:
+            ctx.lora = LoRAContext.build(inputs.lora_slots, self.device)
+            if only_rows is not None:  # the last layer's output projection and MLP run those rows only
+                ctx.lora.rows = LoRAContext.build([inputs.lora_slots[r] for r in inputs.logit_rows], self.device)
+        hidden = self.model(ids, pos, self.kv_caches, ctx, only_rows)
         if wanted:
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         if not inputs.sampling:
@@ -263,6 +284,7 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
             graph_factory=graph_factory or cuda_graph_factory(),
+            lora_zero_slot=self.lora_zero_slot,
         )
 
     def _fits_decode_graphs(self, batch: list[ScheduledSeq]) -> bool:
@@ -282,6 +304,7 @@ class ModelRunner:
             torch.tensor(inputs.slots, dtype=torch.long),
             self.block_tables.host(inputs.ordered, inputs.context_lens),
             torch.tensor(inputs.context_lens, dtype=torch.int32),
+            torch.tensor(inputs.lora_slots, dtype=torch.int32) if inputs.has_lora else None,
         )
         if prompt_logits.wanted(inputs):  # a one-token prefill chunk
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from folio.engine.lora.request import LoRARequest
+
 
 @dataclass
 class CompletionOutput:
@@ -47,6 +49,7 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     # with SamplingParams.mean_prompt_logits: [vocab] float32, the mean logits over the prompt's positions
     prompt_logits_mean: torch.Tensor | None = None
+    lora_request: LoRARequest | None = None  # the adapter it ran under (vLLM's field); None: the base model
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:

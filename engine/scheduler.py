@@ -9,6 +9,11 @@ requests join between steps while the budget, ``max_num_seqs`` and free KV block
 allow. When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it returns to the head of the queue, to be recomputed later.
 
+A sequence under a LoRA adapter also needs its adapter in a device slot (`LoRASlots`): one whose adapter
+finds none stays waiting, and the sequences behind it are admitted past it. It holds its slot reference
+from admission until it finishes, through preemption too (so an adapter removed meanwhile still finishes
+it). An adapter whose files fail to load fails its sequence alone (`take_failed`).
+
 After the step has run, `postprocess` does all of its bookkeeping: the scheduled tokens count as computed
 (their full blocks join the prefix cache), each sampled sequence takes its token, and those that are done
 (stop token, end of sequence, stop string, length) finish and free their blocks. A step that failed goes
@@ -23,10 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from folio.engine.block_manager import BlockManager
+from folio.engine.lora.adapter import LoRAError
 from folio.engine.prompt_logits import needs_prompt_logits
 from folio.engine.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
+    from folio.engine.lora.slots import LoRASlots
     from folio.engine.sampler import SampleResult
 
 log = logging.getLogger(__name__)
@@ -50,8 +57,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
+        lora_slots: LoRASlots | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.lora_slots = lora_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -61,6 +70,7 @@ class Scheduler:
         self.num_preemptions_total = 0
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
+        self.failed: list[Sequence] = []  # finished by `schedule` itself (an adapter that cannot load)
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq`` at its group's next turn: after every waiting sequence of an earlier or the same
@@ -74,7 +84,7 @@ class Scheduler:
         self.waiting.insert(i, seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.failed)
 
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
@@ -97,8 +107,12 @@ class Scheduler:
                 i += 1
 
         # Admitting new work right after a preemption would only cause more of it.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        i = 0  # waiting sequences before i wait for an adapter slot; the others keep their turns
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[i]
+            if not self._can_hold_adapter(seq):
+                i += 1
+                continue
             # a cached prefix computes no logits, and prompt logprobs need every position's
             cached = [] if needs_prompt_logits(seq) else self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
@@ -109,15 +123,46 @@ class Scheduler:
                 n = budget
             if not self.block_manager.allocate(seq, n, cached):
                 break
-            self._leave_waiting(self.waiting.popleft())
+            del self.waiting[i]
+            self._leave_waiting(seq)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if not self._hold_adapter(seq):
+                continue
             self.prefix_cache_queries_total += len(seq)
             self.prefix_cache_hits_total += num_cached
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return scheduled
+
+    def _can_hold_adapter(self, seq: Sequence) -> bool:
+        """Whether ``seq`` holds its adapter's slot or can get one now (always, for the base model)."""
+        if seq.lora_request is None or seq.lora_slot >= 0:
+            return True
+        assert self.lora_slots is not None, "the engine refuses adapters without LoRA"
+        return self.lora_slots.can_acquire(seq.lora_request.lora_int_id)
+
+    def _hold_adapter(self, seq: Sequence) -> bool:
+        """Take ``seq``'s slot reference (loading its adapter if needed) unless it holds one; an adapter
+        that fails to load fails this sequence only (returns False)."""
+        if seq.lora_request is None or seq.lora_slot >= 0:
+            return True
+        assert self.lora_slots is not None
+        try:
+            seq.lora_slot = self.lora_slots.acquire(seq.lora_request.lora_int_id)
+        except LoRAError as exc:
+            log.warning("request %s: %s", seq.request_id, exc)
+            seq.finish_reason, seq.stop_reason, seq.error = "error", None, str(exc)
+            self.finish(seq)
+            self.failed.append(seq)
+            return False
+        return True
+
+    def take_failed(self) -> list[Sequence]:
+        """The sequences `schedule` finished since the last call (their clients get a last output)."""
+        failed, self.failed = self.failed, []
+        return failed
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
@@ -178,6 +223,10 @@ class Scheduler:
             self.waiting.remove(seq)
             self._leave_waiting(seq)
         self.block_manager.free(seq)
+        if seq.lora_slot >= 0:
+            assert self.lora_slots is not None and seq.lora_request is not None
+            self.lora_slots.release(seq.lora_request.lora_int_id)
+            seq.lora_slot = -1
         seq.status = SequenceStatus.FINISHED
 
 

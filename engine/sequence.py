@@ -14,6 +14,7 @@ from folio.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from folio.engine.lora.request import LoRARequest
     from folio.engine.resume import Replay
     from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -40,6 +41,8 @@ class Sequence:
         params: SamplingParams,
         max_total_tokens: int,
         eos_token_ids: frozenset[int],
+        lora_request: LoRARequest | None = None,
+        cache_root: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -68,6 +71,11 @@ class Sequence:
         self.num_sent_tokens = self.num_prompt_tokens
         self._new_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logits = PromptLogits.for_params(params, self.prompt_token_ids)  # None unless asked for
+        self.lora_request = lora_request  # the adapter it runs under; None: the base model
+        # the prefix cache's parent of its first block: None for the base model, a negative number per
+        # adapter registration (block serials are positive), so no prefix is shared across adapters
+        self.cache_root = cache_root
+        self.lora_slot = -1  # its adapter's device slot while it holds a reference (from admission on)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -138,6 +146,7 @@ class Sequence:
             arrival_time=self.arrival_time,
             first_token_time=self.first_token_time,
             error=self.error,
+            lora_request=self.lora_request,
         )
         if self.prompt_logits is not None and self.prompt_logits.complete:  # handed out once, with the first output
             output.prompt_logprobs = self.prompt_logits.logprobs

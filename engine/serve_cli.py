@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import gc
+import json
 import logging
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
 
@@ -65,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=15.0,
         help="seconds a tensor-parallel collective may wait before the replica goes down (default: %(default)s)",
     )
+
+    _add_lora_arguments(parser)
 
     srv = parser.add_argument_group("server")
     srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
@@ -132,6 +138,112 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    lora = parser.add_argument_group("LoRA adapters (vLLM's flags)")
+    lora.add_argument(
+        "--enable-lora", action=argparse.BooleanOptionalAction, default=False,
+        help="serve LoRA adapters of the model: a request names one in its 'model'",
+    )  # fmt: skip
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="MODULE",
+        # SUPPRESS: the flag names pod-local folders, so it is no spec.engine.args key (the operator lists
+        # the parser's flags and skips suppressed ones); adapters get their own place in the spec
+        default=argparse.SUPPRESS,
+        help="adapters to load at start-up, each NAME=PATH or JSON "
+        '\'{"name": NAME, "path": PATH, "digest": "sha256:..."}\' (the digest, as `folio digest` prints it, '
+        "pins the folder's content)",
+    )
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters active on the device at once (default: %(default)s)")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank served (default: %(default)s)")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, help="adapters kept in host memory (LRU) beyond those on the device (default: --max-loras)"
+    )
+    lora.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+        "does); off by default: anyone who reaches the API could load files by path",
+    )
+
+
+@dataclass(frozen=True)
+class LoRAModule:
+    """One --lora-modules adapter, as given (a `LoRARequest` once it has an id)."""
+
+    name: str
+    path: str
+    digest: str | None = None
+
+
+_MODULE_KEYS = {"name", "path", "digest", "base_model_name"}  # vLLM's JSON keys, and the digest
+
+
+def parse_lora_module(text: str) -> LoRAModule:
+    """``NAME=PATH`` or vLLM's JSON form with a digest; raises ValueError saying what is wrong with it."""
+    if text.lstrip().startswith("{"):
+        return _json_module(text)
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--lora-modules {text!r}: expected NAME=PATH or a JSON object with name and path")
+    return LoRAModule(name.strip(), path.strip())
+
+
+def _json_module(text: str) -> LoRAModule:
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--lora-modules {text!r}: invalid JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"--lora-modules {text!r}: expected a JSON object")
+    unknown = sorted(set(spec) - _MODULE_KEYS)
+    if unknown:
+        raise ValueError(f"--lora-modules {text!r}: unknown key(s) {', '.join(unknown)} (known: name, path, digest)")
+    name, path, digest = spec.get("name"), spec.get("path"), spec.get("digest")
+    for key, value in (("name", name), ("path", path)):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"--lora-modules {text!r}: '{key}' must be a non-empty string")
+    if digest is not None and not (isinstance(digest, str) and DIGEST_RE.match(digest)):
+        raise ValueError(f"--lora-modules adapter {name!r}: malformed digest {digest!r}: expected 'sha256:' and 64 hex digits")
+    return LoRAModule(name.strip(), path.strip(), digest)
+
+
+def lora_modules(args: argparse.Namespace) -> list[LoRAModule]:
+    """The --lora-modules adapters, checked: each well formed, names unique and not the base model's, and
+    only with --enable-lora. Raises FlagError."""
+    texts: Sequence[str] = getattr(args, "lora_modules", None) or []
+    if texts and not args.enable_lora:
+        raise FlagError("lora_modules", "--lora-modules needs --enable-lora")
+    modules: list[LoRAModule] = []
+    for text in texts:
+        try:
+            module = parse_lora_module(text)
+        except ValueError as exc:
+            raise FlagError("lora_modules", str(exc)) from None
+        if any(m.name == module.name for m in modules):
+            raise FlagError("lora_modules", f"--lora-modules names adapter {module.name!r} twice")
+        if module.name in (args.served_model_name or args.model, args.model):
+            raise FlagError("lora_modules", f"--lora-modules adapter {module.name!r} has the base model's name")
+        modules.append(module)
+    return modules
+
+
+def _lora_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's LoRA settings, checked; none without --enable-lora (vLLM builds no LoRA config then)."""
+    if not args.enable_lora:
+        return {}
+    for dest in ("max_loras", "max_lora_rank"):
+        if getattr(args, dest) < 1:
+            raise FlagError(dest, f"--{dest.replace('_', '-')} must be >= 1, got {getattr(args, dest)}")
+    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+        raise FlagError(
+            "max_cpu_loras", f"--max-cpu-loras ({args.max_cpu_loras}) must be >= --max-loras ({args.max_loras})"
+        )
+    return {"enable_lora": True, "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
+            "max_cpu_loras": args.max_cpu_loras}  # fmt: skip
+
+
 class FlagError(ValueError):
     """A flag value `folio serve` refuses; ``dest`` is the argparse destination (``max_num_seqs``)."""
 
@@ -170,6 +282,8 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             raise FlagError(dest, str(exc)) from exc
     faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms,
                     crash_after_tokens=args.fault_crash_after_tokens)
+    lora_modules(args)
+    lora = _lora_config(args)
     try:
         config = EngineConfig(
             model=args.model,
@@ -190,14 +304,20 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             fault_logit_noise=args.fault_logit_noise,
             tensor_parallel_size=args.tensor_parallel_size,
             collective_timeout=args.collective_timeout,
+            **lora,
         )
     except ConfigValueError as exc:
         raise FlagError(exc.field, str(exc)) from exc
     return config, faults
 
 
-def build_engine(config: EngineConfig) -> LLMEngine:
-    """``LLMEngine(config)``, built on a thread of its own that ends once it is built.
+class LoRAModuleError(RuntimeError):
+    """A --lora-modules adapter the engine refused at start-up (the engine is closed)."""
+
+
+def build_engine(config: EngineConfig, loras: Sequence[LoRAModule] = ()) -> LLMEngine:
+    """``LLMEngine(config)`` with the --lora-modules adapters loaded (ids 1, 2, … in order), built on a
+    thread of its own that ends once it is built; raises LoRAModuleError naming a refused adapter.
 
     Loading and the profiling step run torch's parallel ops, and OpenMP (libgomp) keeps a pool of worker
     threads for each thread that has run one, for as long as that thread lives. The server steps the engine
@@ -209,7 +329,21 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     from folio.engine.llm_engine import LLMEngine
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="folio-load") as loader:
-        return loader.submit(LLMEngine, config).result()
+        engine = loader.submit(LLMEngine, config).result()
+        if loras:
+            loader.submit(_add_loras, engine, loras).result()
+        return engine
+
+
+def _add_loras(engine: LLMEngine, modules: Sequence[LoRAModule]) -> None:
+    from folio.engine.lora import LoRAError, LoRARequest
+
+    for int_id, m in enumerate(modules, start=1):
+        try:
+            engine.add_lora(LoRARequest(m.name, int_id, m.path, digest=m.digest))
+        except (LoRAError, OSError, ValueError) as exc:
+            engine.close()
+            raise LoRAModuleError(f"cannot load LoRA adapter {m.name!r} (--lora-modules) from {m.path}: {exc}") from exc
 
 
 def freeze_start_up_objects() -> int:
@@ -239,12 +373,16 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         config, faults = check(args)
+        modules = lora_modules(args)
     except FlagError as exc:
         print(f"folio serve: {exc}", file=sys.stderr)
         return 2
 
     try:
-        engine = build_engine(config)  # verifies the digest, loads the weights, sizes the KV cache
+        engine = build_engine(config, modules)  # verifies the digest, loads the weights, sizes the KV cache
+    except LoRAModuleError as exc:
+        print(f"folio serve: {exc}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as exc:
         print(f"folio serve: cannot load {args.model}: {exc}", file=sys.stderr)
         return 1
@@ -260,6 +398,9 @@ def main(args: argparse.Namespace) -> int:
         enable_docs=args.enable_docs,
         revision=args.revision,
         digest=args.digest,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
     )
     app = build_app(engine, served, faults)
     freeze_start_up_objects()

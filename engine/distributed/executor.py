@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from folio.engine.distributed.worker import WorkerSpec, worker_main
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from folio.engine.distributed.lora import SlotWrite
     from folio.engine.scheduler import ScheduledSeq
 
 log = logging.getLogger("folio.engine.tp")
@@ -145,11 +146,12 @@ class TensorParallelExecutor:
 
     # --- steps --------------------------------------------------------------------------------------
 
-    def broadcast_step(self, batch: list[ScheduledSeq]) -> None:
-        """Send the step's metadata to every worker (call right before rank 0 runs it)."""
+    def broadcast_step(self, batch: list[ScheduledSeq], lora_writes: Sequence[SlotWrite] = ()) -> None:
+        """Send the step's metadata to every worker (call right before rank 0 runs it), with the adapter
+        slots rank 0 wrote since the last step (`folio.engine.distributed.lora`)."""
         self.raise_if_failed()
         self.group.flush_timings()
-        self._send(("step", self._encoder.encode(batch)))
+        self._send(("step", self._encoder.encode(batch), list(lora_writes)))
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:

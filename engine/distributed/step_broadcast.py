@@ -16,8 +16,9 @@ from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq
 
 # (request id, first token's position, tokens this step, tokens from that position, length, prompt
-#  length, table entries from `table_from` on, table_from, params or None when the worker has them)
-SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None]
+#  length, table entries from `table_from` on, table_from, params or None when the worker has them,
+#  adapter slot or -1)
+SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int]
 
 
 class StepEncoder:
@@ -39,7 +40,7 @@ class StepEncoder:
                 table_from, params = 0, seq.params
             updates.append((
                 seq.request_id, start, item.num_tokens, seq.token_ids[start : start + item.num_tokens + 1],
-                len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params,
+                len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params, seq.lora_slot,
             ))  # fmt: skip
             sent[seq.request_id] = (table, len(table))
         self._sent = sent
@@ -49,14 +50,15 @@ class StepEncoder:
 class MirroredSeq:
     """What `ModelRunner.step` reads of a `Sequence`, rebuilt from `SeqUpdate`s on the other ranks."""
 
-    __slots__ = ("block_table", "generator", "length", "num_computed_tokens", "num_prompt_tokens", "params",
-                 "request_id", "token_ids")  # fmt: skip
+    __slots__ = ("block_table", "generator", "length", "lora_slot", "num_computed_tokens", "num_prompt_tokens",
+                 "params", "request_id", "token_ids")  # fmt: skip
 
     def __init__(self, request_id: str, params: SamplingParams) -> None:
         self.request_id, self.params = request_id, params
         self.token_ids: list[int] = []  # right from num_computed_tokens on; placeholders before
         self.block_table: list[int] = []
         self.num_computed_tokens = self.length = self.num_prompt_tokens = 0
+        self.lora_slot = -1
         self.generator: Any = None
 
     def __len__(self) -> int:
@@ -72,7 +74,7 @@ class StepMirror:
     def decode(self, updates: list[SeqUpdate]) -> list[ScheduledSeq]:
         seqs: dict[str, MirroredSeq] = {}
         batch: list[ScheduledSeq] = []
-        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params in updates:
+        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot in updates:
             seq = self._seqs.get(rid)
             if params is not None:
                 seq = MirroredSeq(rid, params)
@@ -87,6 +89,7 @@ class StepMirror:
             ids.extend([0] * (start - len(ids)))
             ids.extend(tokens)
             seq.num_computed_tokens, seq.length, seq.num_prompt_tokens = start, length, num_prompt
+            seq.lora_slot = lora_slot
             seqs[rid] = seq
             batch.append(ScheduledSeq(seq, num_tokens))  # type: ignore[arg-type]
         self._seqs = seqs

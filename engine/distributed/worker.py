@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -91,9 +92,11 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     conn.send(("loaded", {"bytes_read": model.load_stats.bytes_read, "rss": psutil.Process().memory_info().rss}))
     kind, num_blocks, enforce_eager = conn.recv()
     assert kind == "init", kind
+    lora = _start_lora(spec, model, device)  # before the runner: its graphs record the LoRA ops
     runner = ModelRunner(
         model, local_config(mc, tp), num_blocks, cfg.block_size, spec.dtype, device, cfg.seed,
         max_num_seqs=cfg.max_num_seqs, enforce_eager=enforce_eager,
+        lora_zero_slot=cfg.max_loras if lora is not None else None,
     )
     runner.sampler = _NoSampling()  # type: ignore[assignment]
     warm_up_kernels(runner, mc.max_model_len)  # compiles this process's kernels, as rank 0 does its own
@@ -104,6 +107,9 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         if message[0] == "step":
             batch = mirror.decode(message[1])
             try:
+                if message[2]:
+                    assert lora is not None, "adapter slots sent to a rank without LoRA"
+                    lora(message[2])
                 runner.step(batch)
             except Exception:  # rank 0 fails the same step's requests and carries on; so do we
                 log.exception("a step failed on tensor-parallel rank %d", spec.rank)
@@ -117,6 +123,31 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             break
     watchdog.stop()
     group.close()
+
+
+def _start_lora(spec: WorkerSpec, model: Any, device: torch.device) -> Callable[[list[Any]], None] | None:
+    """With enable_lora: this rank's adapter stacks, attached to its layers, and what writes rank 0's slot
+    changes into them (each adapter loaded from its folder and cut to this rank's shard)."""
+    cfg = spec.config
+    if not cfg.enable_lora:
+        return None
+    from folio.engine.distributed.lora import local_stacks, lora_shard, write_slot
+    from folio.engine.layers.lora import attach_lora
+    from folio.engine.lora import LoRALayout, load_adapter
+
+    layout = LoRALayout(spec.model_config)
+    shards = model.load_stats.shards
+    stacks = local_stacks(layout, shards, cfg.max_loras + 1, cfg.max_lora_rank, spec.dtype, device)
+    attach_lora(model, stacks)
+    shard = lora_shard(shards)
+
+    def write(writes: list[Any]) -> None:
+        for index, request in writes:
+            adapter = load_adapter(request.lora_path, layout, max_rank=cfg.max_lora_rank, digest=request.digest,
+                                   dtype=spec.dtype, name=request.lora_name)
+            write_slot(stacks, index, adapter, shard)
+
+    return write
 
 
 def _ready(runner: Any) -> dict[str, int]:

@@ -7,8 +7,12 @@ Built once per step by the model runner and shared by all layers. The step's tok
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from folio.engine.layers.lora import LoRAContext
 
 
 @dataclass
@@ -61,3 +65,5 @@ class AttentionContext:
     block_tables: torch.Tensor | None = None  # [S, M] int32, prefills then decodes
     context_lens: torch.Tensor | None = None  # [S] int32
     cu_seqlens_q: torch.Tensor | None = None  # [S + 1] int32
+    # multi-LoRA: each token's adapter slot, only in a step with an adapter token (`folio.engine.layers.lora`)
+    lora: LoRAContext | None = None

@@ -40,4 +40,6 @@ class PreNormDecoderLayer(nn.Module):
         if rows is not None:
             residual = residual[rows]
         x, residual = self.post_attention_layernorm(x, residual)
+        if ctx.lora is not None:
+            return self.mlp(x, ctx.lora.select(rows)), residual
         return self.mlp(x), residual

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folio.engine.layers.linear import linear
+from folio.engine.layers.lora import LoRAContext, Pair, add_delta
 from folio.engine.layers.weights import CheckpointNames, empty_param
 from folio.kernels import fused_cpu
 
@@ -34,13 +35,21 @@ class GatedMLP(nn.Module):
         self.silu = act == "silu"  # the CPU has a native SiLU-and-multiply
         self.gate_up_weight = empty_param(2 * intermediate_size, hidden_size)
         self.down_weight = empty_param(hidden_size, intermediate_size)
+        self.lora: dict[str, Pair] = {}  # "gate_up", "down" → adapter stacks, with LoRA on (`attach_lora`)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoRAContext | None = None) -> torch.Tensor:
         gate_up = linear(x, self.gate_up_weight)
+        if lora is not None:  # before the activation, as peft adapts gate_proj/up_proj
+            add_delta(gate_up, x, self.lora.get("gate_up"), lora)
         if self.silu and gate_up.dim() == 2 and fused_cpu.supports(gate_up):
-            return linear(fused_cpu.silu_and_mul(gate_up), self.down_weight)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return linear(self.act(gate).mul_(up), self.down_weight)
+            h = fused_cpu.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = self.act(gate).mul_(up)
+        out = linear(h, self.down_weight)
+        if lora is not None:
+            add_delta(out, h, self.lora.get("down"), lora)
+        return out
 
     def checkpoint_names(self) -> CheckpointNames:
         i = self.intermediate_size

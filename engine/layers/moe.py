@@ -55,7 +55,8 @@ class SparseMoE(nn.Module):
         experts, order = experts.sort(dim=-1)
         return experts, weights.gather(-1, order)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: object = None) -> torch.Tensor:
+        """``lora``: ignored, experts get no LoRA (`LoRALayout` has no entry for them)."""
         num_tokens, hidden = x.shape
         experts, weights = self.route(x)
         if not self.weights_in_float32:

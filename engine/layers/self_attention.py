@@ -11,6 +11,7 @@ from torch import nn
 from folio.engine.layers.attention import paged_attention
 from folio.engine.layers.context import AttentionContext
 from folio.engine.layers.linear import linear
+from folio.engine.layers.lora import Pair, add_delta
 from folio.engine.layers.rotary import RotaryEmbedding, rotate
 from folio.engine.layers.weights import CheckpointNames, empty_param
 from folio.kernels import fused_cpu
@@ -42,6 +43,7 @@ class SelfAttention(nn.Module):
         self.q_norm = None if qk_norm is None else qk_norm(head_dim)
         self.k_norm = None if qk_norm is None else qk_norm(head_dim)
         self.rotary = rotary
+        self.lora: dict[str, Pair] = {}  # "qkv", "o" → adapter stacks, with LoRA on (`attach_lora`)
 
     def forward(
         self,
@@ -53,7 +55,10 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         """The attention block's output for every token, or with ``rows`` for those rows only (every token's
         K/V is still stored)."""
+        lora = ctx.lora
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        if lora is not None:  # before the q/k norms and the rotary embedding, as peft adapts q_proj/k_proj
+            add_delta(qkv, x, self.lora.get("qkv"), lora)
         q_end, k_end = self.q_size, self.q_size + self.kv_size
         v = qkv[:, k_end:].view(-1, self.num_kv_heads, self.head_dim)
         cos_sin = ctx.rope_cos_sin.get(self.rotary)
@@ -71,7 +76,11 @@ class SelfAttention(nn.Module):
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], ctx, self.scale, self.window)
         if rows is not None:
             o = o[rows]
-        return linear(o.reshape(-1, self.q_size), self.o_weight)
+        o = o.reshape(-1, self.q_size)
+        out = linear(o, self.o_weight)
+        if lora is not None:
+            add_delta(out, o, self.lora.get("o"), lora.select(rows))
+        return out
 
     def checkpoint_names(self) -> CheckpointNames:
         """Checkpoint tensors (names relative to this block) and where they go: separate q/k/v projections

@@ -54,7 +54,8 @@ class Gemma3DecoderLayer(nn.Module):
         if rows is not None:
             residual = residual[rows]
         h, residual = self.pre_feedforward_layernorm(h, residual)
-        return self.post_feedforward_layernorm(self.mlp(h)), residual
+        h = self.mlp(h) if ctx.lora is None else self.mlp(h, ctx.lora.select(rows))
+        return self.post_feedforward_layernorm(h), residual
 
 
 class Gemma3ForCausalLM(DecoderLM):

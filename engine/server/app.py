@@ -8,15 +8,17 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from folio.engine.lora import LoRARequest
 from folio.engine.server.admission import AdmissionMiddleware, Faults, ServerState, crash_after
 from folio.engine.server.async_engine import AsyncEngine, EngineCore
 from folio.engine.server.body_limit import BodyLimitMiddleware
 from folio.engine.server.chat import create_chat_completion
 from folio.engine.server.completions import create_completion
 from folio.engine.server.errors import install_error_handlers
+from folio.engine.server.lora import runtime_updating_from_env, success_message
 from folio.engine.server.metrics import ServerMetrics
 from folio.engine.server.openai_errors import ErrorBody
 from folio.engine.server.parity import PATH as PARITY_PATH
@@ -26,8 +28,10 @@ from folio.engine.server.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
+    UnloadLoRAAdapterRequest,
 )
 from folio.engine.server.serving import OpenAIServing, ServingConfig
 
@@ -53,7 +57,11 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
     is the ServerState (drain, in-flight count) that the process's signal handling drives."""
     faults = faults or Faults()
     crash = crash_after(faults.crash_after_tokens) if faults.crash_after_tokens else None
-    async_engine = AsyncEngine(engine, lambda stats: ServerMetrics(config.served_model_name, stats), observe=crash)
+    async_engine = AsyncEngine(
+        engine, lambda stats: ServerMetrics(config.served_model_name, stats), observe=crash, lora=config.enable_lora
+    )
+    if config.enable_lora:
+        async_engine.metrics.track_lora(config.max_loras, lambda: async_engine.lora_state)
     serving = OpenAIServing(async_engine, config)
     state = ServerState(async_engine, faults)
 
@@ -104,7 +112,11 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
             revision=config.revision,
             digest=config.digest,
         )
-        return ModelList(data=[card])
+        adapters = [_adapter_card(lora, config) for lora in serving.loras.adapters()]
+        return ModelList(data=[card, *adapters])
+
+    if config.allow_runtime_lora_updating or runtime_updating_from_env():
+        _add_lora_updating(app, serving)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -126,6 +138,29 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
 
     _add_metrics(app, async_engine)
     return app
+
+
+def _adapter_card(lora: LoRARequest, config: ServingConfig) -> ModelCard:
+    """An adapter as vLLM lists it: ``root`` its folder, ``parent`` the base model's served name."""
+    return ModelCard(
+        id=lora.lora_name, root=lora.lora_path, parent=config.served_model_name,
+        max_model_len=config.max_model_len, digest=lora.digest,
+    )  # fmt: skip
+
+
+def _add_lora_updating(app: FastAPI, serving: OpenAIServing) -> None:
+    """vLLM's runtime adapter endpoints; absent (404) unless --allow-runtime-lora-updating or
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING asks for them, as anyone who reaches the API could load files by path."""
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> PlainTextResponse:
+        await serving.loras.load(body.lora_name, body.lora_path, body.digest)
+        return PlainTextResponse(success_message("added", body.lora_name))
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> PlainTextResponse:
+        await serving.loras.unload(body.lora_name)
+        return PlainTextResponse(success_message("removed", body.lora_name))
 
 
 def build_metrics_app(async_engine: AsyncEngine) -> FastAPI:

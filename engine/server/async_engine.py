@@ -13,14 +13,19 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:  # the engine core's module imports torch: `folio serve --help` and the operator need none
+    from folio.engine.lora import LoRARequest
     from folio.engine.resume import Replay
+
+T = TypeVar("T")
+# Adapter names of the running requests, of the waiting ones (`EngineCore.lora_state`).
+LoRAState = tuple[list[str], list[str]]
 
 log = logging.getLogger("folio.server")
 
@@ -33,12 +38,17 @@ class EngineCore(Protocol):
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None,
+        resume: Replay | None = None, lora_request: LoRARequest | None = None,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> EngineStats: ...
+    # Multi-LoRA (`--enable-lora`): called only when the server serves adapters.
+    def add_lora(self, request: LoRARequest) -> None: ...
+    def remove_lora(self, name: str) -> bool: ...
+    def list_loras(self) -> list[LoRARequest]: ...
+    def lora_state(self) -> LoRAState: ...
 
 
 class EngineDeadError(RuntimeError):
@@ -62,6 +72,12 @@ class EngineRequest:
     params: SamplingParams
     group: str | None = None  # the client request's id: the engine queues requests fairly by it
     resume: Replay | None = None  # continue after output tokens the client has (replayed off the event loop)
+    lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
+
+    @property
+    def model_name(self) -> str | None:
+        """The adapter's name, which labels its metrics; None: the base model's."""
+        return self.lora_request.lora_name if self.lora_request is not None else None
 
 
 class RequestStream:
@@ -97,12 +113,14 @@ _Reply = Callable[[], None]  # runs on the event loop once a command is done
 class AsyncEngine:
     def __init__(
         self, engine: EngineCore, metrics_factory: Callable[[Callable[[], EngineStats]], ServerMetrics],
-        observe: Callable[[list[RequestOutput]], None] | None = None,
+        observe: Callable[[list[RequestOutput]], None] | None = None, *, lora: bool = False,
     ):
         self.engine = engine
         self._observe = observe  # sees each step's outputs first (`admission.crash_after`, a fault)
+        self._lora = lora  # whether to snapshot the engine's adapter state with its stats
         self.metrics = metrics_factory(lambda: self.stats)
         self.stats: EngineStats = engine.stats()
+        self.lora_state: LoRAState = engine.lora_state() if lora else ([], [])
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pending_adds = 0
@@ -158,7 +176,9 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for s in seqs:
-                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume)
+                    # the keyword only for adapter requests: an engine without LoRA needs not know it
+                    extra = {"lora_request": s.lora_request} if s.lora_request is not None else {}
+                    self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume, **extra)
                     added.append(s.request_id)
             except Exception as exc:
                 for rid in added:
@@ -184,8 +204,30 @@ class AsyncEngine:
         if done.done():  # the caller gave up meanwhile and generate() aborted the sequences
             return
         for s in seqs:
-            self.metrics.on_added(s.request_id, len(s.prompt_token_ids))
+            self.metrics.on_added(s.request_id, len(s.prompt_token_ids), s.model_name)
         done.set_result(None)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` (e.g. loading an adapter) on the engine thread between two steps, as only that thread
+        may touch the engine; returns its result or raises its exception (EngineDeadError when the engine is
+        not running)."""
+        if not self.alive:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        done: asyncio.Future[T] = self._loop.create_future()  # type: ignore[union-attr]
+
+        def command() -> _Reply:
+            try:
+                result = fn()
+            except Exception as exc:
+                return lambda err=exc: done.done() or done.set_exception(err)
+            return lambda: done.done() or done.set_result(result)
+
+        self._adding.add(done)  # type: ignore[arg-type]  # failed like an add if the engine dies first
+        try:
+            self._submit(command)
+            return await done
+        finally:
+            self._adding.discard(done)  # type: ignore[arg-type]
 
     def abort(self, request_ids: Sequence[str], *, count: bool = True) -> None:
         """Stops the sequences that have not finished and frees their KV blocks."""
@@ -234,24 +276,28 @@ class AsyncEngine:
                     commands, self._commands = self._commands, []
                 if commands:
                     replies = [r for r in (c() for c in commands) if r is not None]
-                    loop.call_soon_threadsafe(self._on_commands, replies, self.engine.stats())
+                    loop.call_soon_threadsafe(self._on_commands, replies, *self._snapshot())
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
-                    loop.call_soon_threadsafe(self._on_step, outputs, self.engine.stats())
+                    loop.call_soon_threadsafe(self._on_step, outputs, *self._snapshot())
                 busy = self.engine.has_unfinished_requests()
         except BaseException as exc:  # a broken engine must fail its requests, not hang them
             log.exception("engine step failed; failing every request in flight")
             loop.call_soon_threadsafe(self._on_dead, exc)
 
+    def _snapshot(self) -> tuple[EngineStats, LoRAState]:
+        """The engine's stats and adapter state, read on the engine thread for the loop's metrics."""
+        return self.engine.stats(), self.engine.lora_state() if self._lora else ([], [])
+
     # ------------------------------------------------------------ engine thread -> event loop
 
-    def _on_commands(self, replies: list[_Reply], stats: EngineStats) -> None:
-        self.stats = stats
+    def _on_commands(self, replies: list[_Reply], stats: EngineStats, lora: LoRAState) -> None:
+        self.stats, self.lora_state = stats, lora
         for reply in replies:
             reply()
 
-    def _on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        self.stats = stats
+    def _on_step(self, outputs: list[RequestOutput], stats: EngineStats, lora: LoRAState) -> None:
+        self.stats, self.lora_state = stats, lora
         if self._observe is not None:
             self._observe(outputs)
         now = time.monotonic()

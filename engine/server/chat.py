@@ -53,7 +53,7 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
 async def create_chat_completion(
     serving: OpenAIServing, req: ChatCompletionRequest, raw: Request
 ) -> Response:
-    serving.check_common(req)
+    lora = serving.check_common(req)
     if req.tools:
         raise bad_request("tools are not supported.", param="tools", code=ErrorCode.UNSUPPORTED_PARAMETER)
     if req.response_format is not None and req.response_format.type != "text":
@@ -71,10 +71,10 @@ async def create_chat_completion(
     top_k = (req.top_logprobs or 0) if req.logprobs else None
     request_id = new_id("chatcmpl")
     resumption = await serving.resumption(req, [prompt], [budget], top_k)
-    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption)
+    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption, lora=lora)
     answer_id, created = answered_as(request_id, resumption)
     renderer = ChatRenderer(
-        answer_id, serving.config.served_model_name, serving.tokenizer, top_k,
+        answer_id, serving.model_name(lora), serving.tokenizer, top_k,
         prompt_token_ids=prompt.token_ids if req.return_token_ids else None, created=created,
         # the client has the prompt's ids once it has any chunk of the answer
         prompt_sent=bool(resumption and resumption.carried),

@@ -47,7 +47,7 @@ def _prompts(serving: OpenAIServing, prompt: str | list[str] | list[int] | list[
 
 
 async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw: Request) -> Response:
-    serving.check_common(req)
+    lora = serving.check_common(req)
     if req.suffix:
         raise bad_request("suffix is not supported.", param="suffix", code=ErrorCode.UNSUPPORTED_PARAMETER)
     if req.best_of is not None and req.best_of != req.n:
@@ -70,9 +70,9 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
     request_id = new_id("cmpl")
     prompt_logprobs = req.logprobs if req.echo else None
     resumption = await serving.resumption(req, prompts, budgets, req.logprobs, echo=req.echo)
-    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption)
+    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption, lora)
     answer_id, created = answered_as(request_id, resumption)
-    renderer = CompletionRenderer(answer_id, serving.config.served_model_name, serving.tokenizer, req, created)
+    renderer = CompletionRenderer(answer_id, serving.model_name(lora), serving.tokenizer, req, created)
     choices = Choices(seqs, prompts, req.n, echo_only, resumption=resumption, records=resumable(raw))
     return await serving.respond(raw, req, seqs, choices, renderer)
 

@@ -68,9 +68,34 @@ class _EngineStatsCollector(Collector):
             yield c
 
 
+class _LoRAInfoCollector(Collector):
+    """vLLM's ``vllm:lora_requests_info``: one series whose labels name the adapters of the running and of
+    the waiting requests (comma-joined) and ``max_lora``; its value is the time it was read, as vLLM's
+    ``set_to_current_time()``. Built at scrape time, so a series of a state gone does not linger."""
+
+    def __init__(self, max_loras: int, state: Callable[[], tuple[list[str], list[str]]]) -> None:
+        self._max_loras = max_loras
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        running, waiting = self._state()
+        g = GaugeMetricFamily(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )  # fmt: skip
+        g.add_metric([str(self._max_loras), _joined(waiting), _joined(running)], time.time())
+        yield g
+
+
+def _joined(names: list[str]) -> str:
+    """Each adapter once, in a stable order, whatever the engine's order of requests."""
+    return ",".join(sorted(set(names)))
+
+
 @dataclass
 class _Timing:
     arrival: float
+    model_name: str  # the served model's or the request's adapter's
     last: float | None = None  # when the last token arrived; None before the first
 
 
@@ -118,14 +143,19 @@ class ServerMetrics:
         self.request_errors.labels(model_name)  # exported as 0 from the start, so rate() has a baseline
         self._timings: dict[str, _Timing] = {}
 
+    def track_lora(self, max_loras: int, state: Callable[[], tuple[list[str], list[str]]]) -> None:
+        """Exports ``vllm:lora_requests_info`` (with `--enable-lora` only, as vLLM does)."""
+        self.registry.register(_LoRAInfoCollector(max_loras, state))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     # The hooks below run on the event loop, one sequence (engine request id) at a time.
 
-    def on_added(self, request_id: str, prompt_tokens: int) -> None:
-        self._timings[request_id] = _Timing(arrival=time.monotonic())
-        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+    def on_added(self, request_id: str, prompt_tokens: int, model_name: str | None = None) -> None:
+        """``model_name``: the request's adapter, which labels its request metrics (vLLM's); None: the base."""
+        t = self._timings[request_id] = _Timing(arrival=time.monotonic(), model_name=model_name or self.model_name)
+        self.prompt_tokens.labels(t.model_name).inc(prompt_tokens)
 
     def on_output(self, out: RequestOutput, now: float) -> None:
         t = self._timings.get(out.request_id)
@@ -133,18 +163,18 @@ class ServerMetrics:
             return
         if out.error is not None:
             self._timings.pop(out.request_id)
-            self.request_errors.labels(self.model_name).inc()
+            self.request_errors.labels(t.model_name).inc()
             return
         new = len(out.outputs[0].token_ids)  # a step output carries only its new tokens
         if new > 0:
-            self.generation_tokens.labels(self.model_name).inc(new)
+            self.generation_tokens.labels(t.model_name).inc(new)
             if t.last is None:
-                self.ttft.labels(self.model_name).observe(now - t.arrival)
+                self.ttft.labels(t.model_name).observe(now - t.arrival)
                 new -= 1  # the first token has no inter-token gap
             elif new:
                 gap = (now - t.last) / new
                 for _ in range(new):
-                    self.itl.labels(self.model_name).observe(gap)
+                    self.itl.labels(t.model_name).observe(gap)
             t.last = now
         if out.finished:
             reason = out.outputs[0].finish_reason or "stop"
@@ -156,5 +186,5 @@ class ServerMetrics:
 
     def _finish(self, request_id: str, reason: str, now: float) -> None:
         t = self._timings.pop(request_id)
-        self.request_success.labels(self.model_name, reason).inc()
-        self.e2e.labels(self.model_name).observe(now - t.arrival)
+        self.request_success.labels(t.model_name, reason).inc()
+        self.e2e.labels(t.model_name).observe(now - t.arrival)

@@ -100,7 +100,7 @@ def _at(exc: Exception, index: int) -> Exception:
 
 
 async def create_parity(serving: OpenAIServing, req: ParityRequest, raw: Request) -> Response:
-    serving.check_model(req.model)
+    lora = serving.check_model(req.model)  # an adapter's parity runs under it
     serving.check_sequences(len(req.prompts))
     prompts = await serving.off_loop(_render, serving, req.prompts)
     request_id = new_id("parity")
@@ -111,7 +111,7 @@ async def create_parity(serving: OpenAIServing, req: ParityRequest, raw: Request
             None, req.maxTokens, len(prompt.token_ids), param="maxTokens", prompt_param=f"prompts.{i}"
         )
         params = SamplingParams(temperature=0.0, max_tokens=budget, mean_prompt_logits=True)
-        seqs.append(EngineRequest(f"{request_id}-{i}", prompt.token_ids, params, request_id))
+        seqs.append(EngineRequest(f"{request_id}-{i}", prompt.token_ids, params, request_id, lora_request=lora))
     finals = await serving.run_to_end(raw, seqs)
     results = []
     for i, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
@@ -130,5 +130,5 @@ async def create_parity(serving: OpenAIServing, req: ParityRequest, raw: Request
             )
         )
     vocab = serving.vocab_size or (len(decode_logits(results[0].meanLogits)) if results else 0)
-    body = ParityResponse(model=serving.config.served_model_name, vocabSize=vocab, results=results)
+    body = ParityResponse(model=serving.model_name(lora), vocabSize=vocab, results=results)
     return JSONResponse(body.model_dump(mode="json"))

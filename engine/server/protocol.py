@@ -323,13 +323,28 @@ class ModelCard(_Response):
     owned_by: str = "folio"
     root: str
     max_model_len: int
+    parent: str | None = Field(None, description="An adapter's base model (its served name); None for the base.")
     revision: str | None = Field(None, description="The pinned model revision (e.g. a 40-hex commit).")
     digest: str | None = Field(
-        None, description="The sha256 content digest the weights were verified against."
+        None, description="The sha256 content digest the weights (or the adapter's files) were verified against."
     )
 
 
 class ModelList(_Response):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoadLoRAAdapterRequest(_Request):
+    """POST /v1/load_lora_adapter, vLLM's fields."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    digest: str | None = Field(None, description="Folio's: sha256:… the adapter's files must match (`folio digest`).")
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    """POST /v1/unload_lora_adapter, vLLM's fields (its ``lora_int_id`` is ignored: names identify adapters)."""
+
+    lora_name: str = Field(min_length=1)
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from folio.engine import rules
+from folio.engine.lora import LoRAError, LoRARequest
 from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
 from folio.engine.server.async_engine import (
@@ -29,6 +30,7 @@ from folio.engine.server.async_engine import (
 from folio.engine.server.choices import Choices, Event, Prompt, Renderer, choice_indexes
 from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER, Record
 from folio.engine.server.errors import OpenAIError, bad_request, rejected, unavailable
+from folio.engine.server.lora import LoRARegistry
 from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import SamplingRequest
 from folio.engine.server.resumption import Against, Resumption, prepare
@@ -49,6 +51,9 @@ class ServingConfig:
     enable_docs: bool = False
     revision: str | None = None
     digest: str | None = None
+    enable_lora: bool = False  # serve adapters: a request's model may name one (`folio.engine.server.lora`)
+    max_loras: int = 1  # adapters active at once on the device (the lora info metric's max_lora)
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
 
 class OpenAIServing:
@@ -57,17 +62,24 @@ class OpenAIServing:
         self.config = config
         self.tokenizer = engine.engine.tokenizer
         self.vocab_size: int | None = getattr(engine.engine.model_config, "vocab_size", None)
+        # the adapters loaded before serving (`folio serve --lora-modules`) are the engine's already
+        loaded = engine.engine.list_loras() if config.enable_lora else []
+        self.loras = LoRARegistry(engine, config.served_model_name, enabled=config.enable_lora, loaded=loaded)
 
     # ------------------------------------------------------------------ checks
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.config.served_model_name:
-            raise OpenAIError(
-                404,
-                f"The model '{name}' does not exist; this server serves '{self.config.served_model_name}'.",
-                param="model",
-                code=ErrorCode.MODEL_NOT_FOUND,
-            )
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The adapter a request's ``model`` names; None for the base model; a 404 for anything else."""
+        if name is None or name == self.config.served_model_name:
+            return None
+        lora = self.loras.get(name)
+        if lora is None:
+            raise model_not_found(name, self.config.served_model_name)
+        return lora
+
+    def model_name(self, lora: LoRARequest | None) -> str:
+        """The ``model`` an answer names: the adapter's, else the served model's."""
+        return lora.lora_name if lora is not None else self.config.served_model_name
 
     def check_capacity(self, new_sequences: int) -> None:
         """503 when ``new_sequences`` more would take the engine's queue past --max-queued-requests
@@ -92,13 +104,15 @@ class OpenAIServing:
             )
         self.check_capacity(count)
 
-    def check_common(self, req: SamplingRequest) -> None:
-        """What the request models cannot know: the model served, this server's --max-n; and what it
-        does not serve. The fields' own ranges were checked as the body was read (`protocol`)."""
-        self.check_model(req.model)
+    def check_common(self, req: SamplingRequest) -> LoRARequest | None:
+        """What the request models cannot know: the model served (returns the adapter ``model`` names, if
+        any), this server's --max-n; and what it does not serve. The fields' own ranges were checked as the
+        body was read (`protocol`)."""
+        lora = self.check_model(req.model)
         rules.Bound(1, self.config.max_n, integer=True, note=" (--max-n)").check("n", req.n)
         if req.logit_bias:
             raise bad_request("logit_bias is not supported.", param="logit_bias", code=ErrorCode.UNSUPPORTED_PARAMETER)
+        return lora
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs CPU-heavy request preparation (tokenizing, chat templates) in a worker thread, so that a
@@ -140,15 +154,19 @@ class OpenAIServing:
         logprobs: int | None,
         prompt_logprobs: int | None = None,
         resumption: Resumption | None = None,
+        lora: LoRARequest | None = None,
     ) -> list[EngineRequest]:
-        """n sequences per prompt; choice index = prompt index * n + k, seed + k when seeded. A continuation
-        runs no finished choice, and the carried ones from their replays (their prompt logprobs are carried)."""
+        """n sequences per prompt, under adapter ``lora`` if any; choice index = prompt index * n + k, seed + k
+        when seeded. A continuation runs no finished choice, and the carried ones from their replays (their
+        prompt logprobs are carried)."""
         seqs: list[EngineRequest] = []
         for i in choice_indexes(len(prompts) * req.n, resumption):
             carried = resumption.carried.get(i) if resumption is not None else None
             params = self.choice_params(req, i, max_tokens, logprobs, None if carried else prompt_logprobs)
             resume = carried.replay if carried is not None else None
-            seqs.append(EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume))
+            seqs.append(
+                EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume, lora)
+            )
         return seqs
 
     def choice_params(
@@ -216,10 +234,20 @@ class OpenAIServing:
             return await self.engine.generate(seqs)
         except rules.RuleError as exc:  # what only the engine knows, e.g. a request past its KV cache
             raise rejected(exc) from exc
+        except LoRAError as exc:
+            raise self._lora_refused(seqs, exc) from exc
         except ValueError as exc:
             raise bad_request(str(exc)) from exc
         except EngineDeadError as exc:
             raise unavailable(str(exc), code=ErrorCode.ENGINE_UNAVAILABLE) from exc
+
+    def _lora_refused(self, seqs: list[EngineRequest], exc: LoRAError) -> OpenAIError:
+        """The engine refused a request's adapter: unloaded while the request was being prepared (404, as
+        for a request that arrives after the unload), else a 400 in the engine's words."""
+        lora = seqs[0].lora_request if seqs else None
+        if lora is not None and self.loras.get(lora.lora_name) != lora:
+            return model_not_found(lora.lora_name, self.config.served_model_name)
+        return bad_request(str(exc), param="model")
 
     async def respond(
         self, raw: Request, req: SamplingRequest, seqs: list[EngineRequest], choices: Choices, renderer: Renderer
@@ -327,6 +355,13 @@ def stream_error(exc: EngineDeadError | RequestAborted | RequestFailed) -> OpenA
         return OpenAIError(500, str(exc), code=ErrorCode.INTERNAL_ERROR)
     code = ErrorCode.SHUTTING_DOWN if isinstance(exc, RequestAborted) else ErrorCode.ENGINE_UNAVAILABLE
     return unavailable(str(exc), code=code)
+
+
+def model_not_found(name: str, served: str) -> OpenAIError:
+    return OpenAIError(
+        404, f"The model '{name}' does not exist; this server serves '{served}'.", param="model",
+        code=ErrorCode.MODEL_NOT_FOUND,
+    )  # fmt: skip
 
 
 def new_id(prefix: str) -> str:

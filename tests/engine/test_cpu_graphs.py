@@ -86,7 +86,7 @@ def test_a_size_is_recorded_once_it_recurs() -> None:
         _step(graphs, 3, 100 * base)  # eager
     assert graphs.recordings == 0 and not graphs._graphs
     _step(graphs, 3, 500)  # recorded: this step's result is the recording's
-    assert graphs.recordings == 1 and set(graphs._graphs) == {3}
+    assert graphs.recordings == 1 and set(graphs._graphs) == {(3, False)}
     for base in (600, 700):
         _step(graphs, 3, base)  # replayed
     assert graphs.recordings == 1
@@ -118,7 +118,7 @@ def test_a_size_over_the_arena_budget_runs_eagerly(monkeypatch: pytest.MonkeyPat
     for base in (100, 200, 300):
         _step(graphs, 1, base)
         _step(graphs, 6, base)
-    assert set(graphs._graphs) == {1} and graphs._eager == {6}
+    assert set(graphs._graphs) == {(1, False)} and graphs._eager == {(6, False)}
     assert graphs.arena.buffer.numel() <= 1024
 
 

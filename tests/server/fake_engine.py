@@ -4,12 +4,15 @@ fault, drain, backpressure and disconnect tests fast and exact."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from folio.engine.lora import LoRAError, LoRARequest
 from folio.engine.output_text import OutputText
 from folio.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from folio.engine.resume import Replay
@@ -44,6 +47,7 @@ class _Seq:
     params: SamplingParams
     arrival: float
     rng: random.Random | None
+    lora: LoRARequest | None = None
     out: list[int] = field(default_factory=list)
     blocks: int = 0
     first_token_time: float | None = None
@@ -66,6 +70,8 @@ class FakeEngine:
         max_num_seqs: int = 8,
         step_delay: float = 0.002,
         fail_at_step: int | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
     ) -> None:
         self.tokenizer = FakeTokenizer()
         self.model_config = SimpleNamespace(max_model_len=max_model_len, vocab_size=256 + OFFSET)
@@ -79,12 +85,17 @@ class FakeEngine:
         self.running: dict[str, _Seq] = {}
         self.aborted: list[str] = []  # running sequences aborted
         self.admitted: list[str] = []  # every sequence that ever left the waiting queue
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.loras: dict[str, LoRARequest] = {}  # the registered adapters, by name
+        self.lora_requests: dict[str, LoRARequest | None] = {}  # each added request's adapter
+        self.closed = False
 
     # ---------------------------------------------------------------- contract
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None,
+        resume: Replay | None = None, lora_request: LoRARequest | None = None,
     ) -> None:  # FIFO: fair queueing is the real scheduler's (tests/engine/test_scheduler.py)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if request_id in self.running or any(s.request_id == request_id for s in self.waiting):
@@ -92,13 +103,49 @@ class FakeEngine:
         limit = self.model_config.max_model_len
         if len(ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) > {limit}")
+        self._check_lora(lora_request)
         rng = None if params.temperature == 0 else random.Random(params.seed)
-        seq = _Seq(request_id, ids, params, time.monotonic(), rng)
+        seq = _Seq(request_id, ids, params, time.monotonic(), rng, lora_request)
+        self.lora_requests[request_id] = lora_request
         if resume is not None:  # a continuation: its tokens as already generated, its text state as replayed
             assert not resume.finished
             seq.out, seq.text = list(resume.token_ids), resume.text
             seq.decoded_chars = len(self.tokenizer.decode(seq.out))
         self.waiting.append(seq)
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """As the engine: the folder must hold a peft adapter whose rank fits --max-lora-rank."""
+        if not self.enable_lora:
+            raise LoRAError("LoRA is not enabled")
+        if request.lora_name in self.loras:
+            raise LoRAError(f"adapter {request.lora_name!r} is already loaded")
+        config = Path(request.lora_path) / "adapter_config.json"
+        try:
+            rank = int(json.loads(config.read_text())["r"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise LoRAError(f"adapter {request.lora_name!r}: cannot read {config}: {exc}") from exc
+        if rank > self.max_lora_rank:
+            raise LoRAError(f"adapter {request.lora_name!r}: rank {rank} is above --max-lora-rank {self.max_lora_rank}")
+        self.loras[request.lora_name] = request
+
+    def close(self) -> None:
+        self.closed = True
+
+    def remove_lora(self, name: str) -> bool:
+        return self.loras.pop(name, None) is not None  # running requests keep theirs and finish
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.loras.values())
+
+    def lora_state(self) -> tuple[list[str], list[str]]:
+        def names(seqs: list[_Seq]) -> list[str]:
+            return [s.lora.lora_name for s in seqs if s.lora is not None]
+
+        return names(list(self.running.values())), names(self.waiting)
+
+    def _check_lora(self, lora: LoRARequest | None) -> None:
+        if lora is not None and self.loras.get(lora.lora_name) != lora:
+            raise LoRAError(f"adapter {lora.lora_name!r} (id {lora.lora_int_id}) is not loaded")
 
     def abort_request(self, request_id: str) -> None:
         self.waiting = [s for s in self.waiting if s.request_id != request_id]

@@ -33,6 +33,8 @@ def test_help_lists_the_test_aids(folio_bin: str) -> None:
         (["--block-size", "3"], "block_size must be a power of two"),
         (["--metrics-port", "-1"], "--metrics-port must be 0 (off) or a port"),
         (["--port", "8123", "--metrics-port", "8123"], "--metrics-port must differ from --port"),
+        (["--lora-modules", "sql=/adapters/sql"], "--lora-modules needs --enable-lora"),
+        (["--enable-lora", "--lora-modules", "sql"], "--lora-modules 'sql': expected NAME=PATH"),
     ],
 )
 def test_bad_flags_exit_2(folio_bin: str, tmp_path: Path, args: list[str], message: str) -> None:

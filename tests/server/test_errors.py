@@ -157,7 +157,7 @@ def test_the_empty_prompt_rule_is_worded_once(shared: Running) -> None:
             response = http.post("/v1/completions", json={**COMPLETION, "prompt": prompt})
             assert assert_error(response, 400, "prompt")["message"] == str(rule.value)
     engine = Path(rules.__file__).parent
-    said = [p for p in engine.rglob("*.py") if "must not be empty" in p.read_text()]
+    said = [p for p in engine.rglob("*.py") if "prompt must not be empty" in p.read_text()]
     assert said == [Path(rules.__file__)]
 
 

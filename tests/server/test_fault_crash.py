@@ -47,6 +47,9 @@ def test_the_engine_dies_mid_answer(folio_bin: str, tiny_llama: Path, tmp_path: 
                     chunks += len(json.loads(line[6:])["choices"])
                 done = done or line == "data: [DONE]"
         assert serve.proc.wait(30) == -signal.SIGKILL
-        assert 0 < chunks < 6 and not done  # cut in the middle: the sixth token never went out
+        # cut before the end: the sixth token never went out. (How many of the first five reached the client
+        # first is the event loop's timing: the engine thread dies as it makes the sixth, and on loaded cores
+        # the loop may not have written any yet, as with a real OOM kill.)
+        assert chunks < 6 and not done
     finally:
         stop_serve(serve)

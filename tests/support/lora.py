@@ -1,0 +1,110 @@
+"""LoRA adapters for tests, made with `peft` on the tiny random models (and SmolLM2): random non-zero A
+and B (peft starts B at zero, which would hide every mistake), saved with `save_pretrained`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# every linear projection of a decoder layer, as peft names them per family
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PHI3_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def all_targets(model_dir: Path) -> tuple[str, ...]:
+    """Every projection of the model at ``model_dir`` (Phi-3 fuses q/k/v and gate/up in its checkpoints)."""
+    model_type = json.loads((Path(model_dir) / "config.json").read_text())["model_type"]
+    return PHI3_TARGETS if model_type == "phi3" else LLAMA_TARGETS
+
+
+def make_adapter(
+    model_dir: Path,
+    out_dir: Path,
+    *,
+    r: int = 8,
+    alpha: float = 16,
+    target_modules: list[str] | tuple[str, ...] | str | None = None,
+    seed: int = 0,
+    use_rslora: bool = False,
+    std: float = 0.1,
+    **config: Any,
+) -> Path:
+    """Save a LoRA adapter for the model at ``model_dir`` into ``out_dir`` and return ``out_dir``.
+    ``target_modules`` defaults to every projection; ``config`` adds `LoraConfig` fields (e.g.
+    layers_to_transform). A and B are drawn from N(0, std²) with a generator seeded by ``seed``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    targets = list(all_targets(model_dir)) if target_modules is None else target_modules
+    lora = LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets),
+        use_rslora=use_rslora, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **config,
+    )
+    model = get_peft_model(base, lora)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def peft_model(model_dir: Path, adapter_dir: Path) -> Any:
+    """The unmerged `PeftModel` of ``adapter_dir`` over the model at ``model_dir`` (float32, eval mode)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
+def edit_adapter_config(adapter_dir: Path, **changes: Any) -> Path:
+    """Rewrite fields of ``adapter_dir``'s adapter_config.json (a value of None deletes the field)."""
+    file = Path(adapter_dir) / "adapter_config.json"
+    cfg = json.loads(file.read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    file.write_text(json.dumps(cfg, indent=2))
+    return Path(adapter_dir)
+
+
+def write_random_adapter(
+    layout: Any,
+    out_dir: Path,
+    *,
+    r: int = 16,
+    alpha: float = 32,
+    target_modules: tuple[str, ...] = LLAMA_TARGETS,
+    seed: int = 0,
+    std: float = 0.02,
+) -> Path:
+    """An adapter folder in peft's format without building the model (for large models such as SmolLM2,
+    where only the shapes matter): ``layout`` is a `folio.engine.lora.LoRALayout`."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for module, target in sorted(layout.modules.items()):
+        if module.rsplit(".", 1)[-1] not in target_modules:
+            continue
+        shape = layout.shapes[(target.layer, target.proj)]
+        rows = target.rows[1] - target.rows[0]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn(r, shape.in_features, generator=gen) * std
+        tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn(rows, r, generator=gen) * std
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out_dir / "adapter_model.safetensors", metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": list(target_modules),
+              "bias": "none", "use_rslora": False, "task_type": "CAUSAL_LM"}
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir

@@ -232,17 +232,10 @@ class LLMEngine:
         self._lora_roots[request.lora_name] = -self._lora_registrations
 
     def remove_lora(self, name: str) -> bool:
-        """Unregister ``name`` (False if unknown): new requests for it are refused, requests running under
-        it finish; those still waiting for a slot fail (their adapter is gone before they could start)."""
+        """Unregister ``name`` (False if unknown): new requests for it are refused; the requests already
+        queued or running under it finish (the slots keep it for them)."""
         if self.lora_slots is None or not self.lora_slots.is_registered(name):
             return False
-        waiting = [s for s in self.scheduler.waiting
-                   if s.lora_request is not None and s.lora_request.lora_name == name and s.lora_slot < 0]
-        for seq in waiting:
-            seq.finish_reason, seq.stop_reason = "error", None
-            seq.error = f"adapter {name!r} was unloaded before the request started"
-            self.scheduler.finish(seq)
-            self.scheduler.failed.append(seq)
         self.lora_slots.remove(name)
         del self._lora_roots[name]
         return True

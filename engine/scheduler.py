@@ -10,9 +10,9 @@ allow. When a running sequence needs a block and none is free, the most recently
 preempted: its blocks are freed and it returns to the head of the queue, to be recomputed later.
 
 A sequence under a LoRA adapter also needs its adapter in a device slot (`LoRASlots`): one whose adapter
-finds none stays waiting, and the sequences behind it are admitted past it. It holds its slot reference
-from admission until it finishes, through preemption too (so an adapter removed meanwhile still finishes
-it). An adapter whose files fail to load fails its sequence alone (`take_failed`).
+finds none stays waiting, and the sequences behind it are admitted past it. A queued sequence claims its
+adapter (so one removed before it runs is kept for it) and holds its slot reference from admission until
+it finishes, through preemption too. An adapter whose files fail to load fails its sequence alone (`take_failed`).
 
 After the step has run, `postprocess` does all of its bookkeeping: the scheduled tokens count as computed
 (their full blocks join the prefix cache), each sampled sequence takes its token, and those that are done
@@ -75,6 +75,9 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue ``seq`` at its group's next turn: after every waiting sequence of an earlier or the same
         turn, before those of later turns (round-robin between the requests that wait)."""
+        if seq.lora_request is not None:  # its adapter is kept for it, even if removed before it runs
+            assert self.lora_slots is not None, "the engine refuses adapters without LoRA"
+            self.lora_slots.claim(seq.lora_request.lora_int_id)
         head = self.waiting[0].round if self.waiting else 0
         seq.round = head + self._waiting_in_group[seq.group]
         self._waiting_in_group[seq.group] += 1
@@ -223,10 +226,13 @@ class Scheduler:
             self.waiting.remove(seq)
             self._leave_waiting(seq)
         self.block_manager.free(seq)
-        if seq.lora_slot >= 0:
-            assert self.lora_slots is not None and seq.lora_request is not None
-            self.lora_slots.release(seq.lora_request.lora_int_id)
-            seq.lora_slot = -1
+        if seq.lora_request is not None and seq.status is not SequenceStatus.FINISHED:
+            assert self.lora_slots is not None
+            if seq.lora_slot >= 0:
+                self.lora_slots.release(seq.lora_request.lora_int_id)
+                seq.lora_slot = -1
+            else:  # queued, never admitted (or its adapter failed to load): its claim goes
+                self.lora_slots.unclaim(seq.lora_request.lora_int_id)
         seq.status = SequenceStatus.FINISHED
 
 

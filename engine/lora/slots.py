@@ -5,12 +5,16 @@ Check/act pairs for the scheduler: `can_acquire` says whether a request's adapte
 into the layers' stacked buffers when it is not in a slot yet. Slots are shared: each running request
 holds a reference; a released adapter stays in its slot for reuse until a slot is needed for another
 (least recently used first). A request whose adapter finds no slot waits; it is never failed for that.
+
+A queued request holds a claim on its adapter (`claim`, turned into a reference by `acquire` or dropped by
+`unclaim`): an adapter removed while requests wait for it is kept, for them only, until the last one has
+run, so unloading an adapter lets every request already accepted under it finish.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -60,7 +64,8 @@ class LoRASlots:
         self.dtype, self.shard, self.loader = dtype, shard, loader
         self.requests: dict[str, LoRARequest] = {}  # registered adapters by name
         self.by_id: dict[int, LoRARequest] = {}
-        self.removed: dict[int, LoRARequest] = {}  # unregistered while running: freed on their last release
+        self.removed: dict[int, LoRARequest] = {}  # unregistered while in use or claimed: kept for those
+        self.claims: Counter[int] = Counter()  # queued requests that will acquire the adapter
         self.cache: OrderedDict[int, LoRAAdapter] = OrderedDict()  # host cache, least recently used first
         self.slots = [_Slot() for _ in range(max_loras)]
         self.slot_by_id: dict[int, int] = {}
@@ -99,20 +104,28 @@ class LoRASlots:
 
     def remove(self, name: str) -> LoRARequest:
         """Unregister ``name``: new requests for it must be refused (`is_registered`); requests running
-        under it keep its slot until they release it, and the slot is freed then."""
+        under it keep its slot until they release it, requests queued under it (claims) can still acquire
+        it, and it is forgotten (its slot freed) after the last of them."""
         request = self.requests.pop(name, None)
         if request is None:
             raise KeyError(f"adapter {name!r} is not loaded")
         del self.by_id[request.lora_int_id]
-        self.cache.pop(request.lora_int_id, None)
-        index = self.slot_by_id.get(request.lora_int_id)
-        if index is not None:
-            if self.slots[index].refs:
-                self.removed[request.lora_int_id] = request
-            else:
-                self._free(index)
+        self.removed[request.lora_int_id] = request
+        self._settle(request.lora_int_id)
         self._check()
         return request
+
+    def claim(self, lora_int_id: int) -> None:
+        """A request under this registered adapter was queued: it will `acquire` it (or `unclaim`)."""
+        assert lora_int_id in self.by_id, f"adapter id {lora_int_id} is not registered"
+        self.claims[lora_int_id] += 1
+
+    def unclaim(self, lora_int_id: int) -> None:
+        """A queued request ended without acquiring its adapter (aborted, or its adapter failed to load)."""
+        assert self.claims[lora_int_id] > 0, f"adapter id {lora_int_id} unclaimed more often than claimed"
+        self.claims[lora_int_id] -= 1
+        self._settle(lora_int_id)
+        self._check()
 
     # --- host cache -----------------------------------------------------------------------------------
 
@@ -144,13 +157,12 @@ class LoRASlots:
         return self.slot_by_id.get(lora_int_id)
 
     def can_acquire(self, lora_int_id: int) -> bool:
-        """Whether a request under this (registered) adapter can run now: it is in a slot already, or a
-        slot is free or holds an adapter no request uses."""
-        if lora_int_id in self.slot_by_id:
-            return lora_int_id not in self.removed
-        if lora_int_id not in self.by_id:
+        """Whether a request under this adapter can run now: the adapter is registered (or removed but
+        claimed by queued requests) and in a slot already, or a slot is free or holds one no request uses."""
+        known = lora_int_id in self.by_id or (lora_int_id in self.removed and self.claims[lora_int_id] > 0)
+        if not known:
             return False
-        return any(s.refs == 0 for s in self.slots)
+        return lora_int_id in self.slot_by_id or any(s.refs == 0 for s in self.slots)
 
     def acquire(self, lora_int_id: int) -> int:
         """A reference to the adapter's slot (its index in the stacks), loading it into one if needed.
@@ -171,6 +183,8 @@ class LoRASlots:
         slot = self.slots[index]
         slot.refs += 1
         slot.last_used = self._clock
+        if self.claims[lora_int_id] > 0:  # a queued request's claim becomes its reference
+            self.claims[lora_int_id] -= 1
         self._check()
         return index
 
@@ -180,9 +194,7 @@ class LoRASlots:
         slot = self.slots[index]
         assert slot.refs > 0, f"adapter id {lora_int_id} released more often than acquired"
         slot.refs -= 1
-        if slot.refs == 0 and lora_int_id in self.removed:
-            del self.removed[lora_int_id]
-            self._free(index)
+        self._settle(lora_int_id)
         self._check()
 
     def active(self) -> list[str]:
@@ -190,6 +202,19 @@ class LoRASlots:
         names = {**{r.lora_int_id: r.lora_name for r in self.by_id.values()},
                  **{i: r.lora_name for i, r in self.removed.items()}}
         return [names[s.lora_int_id] for s in self.slots if s.refs]
+
+    def _settle(self, lora_int_id: int) -> None:
+        """Forget a removed adapter once nothing uses or claims it (its slot freed, if it has one)."""
+        if lora_int_id not in self.removed or self.claims[lora_int_id] > 0:
+            return
+        index = self.slot_by_id.get(lora_int_id)
+        if index is not None and self.slots[index].refs:
+            return
+        del self.removed[lora_int_id]
+        del self.claims[lora_int_id]
+        self.cache.pop(lora_int_id, None)
+        if index is not None:
+            self._free(index)
 
     def _victim(self) -> int:
         """A free slot, else the least recently used one that no request holds."""
@@ -232,7 +257,9 @@ class LoRASlots:
             assert self.slots[index].lora_int_id == lora_int_id
             assert lora_int_id in self.by_id or lora_int_id in self.removed
         for lora_int_id in self.removed:
-            assert self.slots[self.slot_by_id[lora_int_id]].refs > 0, "a removed adapter lingers only in use"
+            index = self.slot_by_id.get(lora_int_id)
+            in_use = index is not None and self.slots[index].refs > 0
+            assert in_use or self.claims[lora_int_id] > 0, "a removed adapter lingers only while used or claimed"
         assert all(s.refs == 0 for s in self.slots if not s.lora_int_id)
 
 

@@ -249,25 +249,31 @@ def test_preempted_sequence_keeps_its_slot(models, adapters) -> None:
     assert all(s.refs == 0 for s in engine.lora_slots.slots)
 
 
-def test_removing_an_adapter_fails_its_waiting_requests(models, adapters) -> None:
+def test_removing_an_adapter_lets_its_queued_requests_finish(models, adapters) -> None:
+    """Unloading an adapter refuses new requests for it; those already queued under it (waiting for a slot
+    here) still run under it, and it is forgotten after the last; an aborted queued one drops its claim."""
     model_dir = models("llama")
     a, b = adapters("llama", 8, seed=1), adapters("llama", 8, seed=2)
     llm = LLM(str(model_dir), dtype="float32", enable_lora=True, max_loras=1, max_lora_rank=8)
+    alone = {r.lora_name: tokens(llm.generate([[5, 6, 7]], GREEDY, lora_request=r))[0] for r in (a, b)}
     engine = llm.llm_engine
-    engine.add_lora(a)
-    engine.add_lora(b)
     engine.add_request("a", [5, 6, 7], GREEDY, lora_request=a)
     engine.add_request("b", [5, 6, 7], GREEDY, lora_request=b)
-    engine.step()
-    assert engine.lora_state() == ([a.lora_name], [b.lora_name])
+    engine.add_request("b-aborted", [5, 6, 7], GREEDY, lora_request=b)
+    got: dict[str, list[int]] = {"a": list(engine.step()[0].outputs[0].token_ids), "b": []}
+    assert engine.lora_state() == ([a.lora_name], [b.lora_name])  # one slot: b's requests wait
     assert engine.remove_lora(b.lora_name)
-    finished = {}
+    with pytest.raises(LoRAError, match="not loaded"):
+        engine.add_request("b-late", [5, 6, 7], GREEDY, lora_request=b)
+    engine.abort_request("b-aborted")
     while engine.has_unfinished_requests():
         for out in engine.step():
+            got[out.request_id].extend(out.outputs[0].token_ids)
             if out.finished:
-                finished[out.request_id] = out
-    assert finished["b"].outputs[0].finish_reason == "error" and "unloaded" in finished["b"].error
-    assert finished["a"].outputs[0].finish_reason == "length"
+                assert out.outputs[0].finish_reason == "length", out.request_id
+    assert got == {"a": alone[a.lora_name], "b": alone[b.lora_name]}
+    slots = engine.lora_slots
+    assert not slots.removed and not +slots.claims and slots.slot_of(b.lora_int_id) is None
 
 
 def test_moe_model_adapts_its_dense_projections(tmp_path: Path) -> None:

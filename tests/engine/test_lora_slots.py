@@ -125,6 +125,27 @@ def test_remove_idle_frees_its_slot(setup) -> None:
         slots.remove("a1")
 
 
+def test_a_removed_adapter_is_kept_for_the_requests_that_claimed_it(setup) -> None:
+    slots, _ = _slots(setup, max_loras=1)
+    slots.claim(2)
+    slots.claim(2)
+    held = slots.acquire(1)  # the one slot is taken: the claimants wait
+    assert not slots.can_acquire(2)
+    slots.remove("a2")
+    assert not slots.is_registered("a2") and 2 in slots.removed
+    slots.release(1)
+    assert slots.can_acquire(2)  # for its claimants, although removed
+    index = slots.acquire(2)
+    assert index == held and slots.claims[2] == 1
+    _assert_slot_holds(slots, index, 2)
+    slots.unclaim(2)  # the other claimant was aborted
+    assert not slots.can_acquire(2)  # no claim left: nobody new may take it
+    slots.release(2)
+    assert 2 not in slots.removed and slots.slot_of(2) is None and not +slots.claims
+    with pytest.raises(AssertionError, match="unclaimed more often"):
+        slots.unclaim(1)
+
+
 def test_host_cache_is_lru(setup) -> None:
     slots, loader = _slots(setup, max_loras=1, max_cpu_loras=2)
     for i in (1, 2):

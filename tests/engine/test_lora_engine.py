@@ -301,3 +301,20 @@ def test_tensor_parallel_adapters_match_peft(models, adapters) -> None:
         llm.llm_engine.close()
     for i, lora in enumerate(loras):
         assert outs[i] == peft_greedy(model_dir, lora, [ps[i]], GREEDY.max_tokens)[0], lora
+
+
+@pytest.mark.slow
+def test_smollm2_with_adapters_matches_peft(smollm2_dir: Path, tmp_path: Path) -> None:
+    """A real model: SmolLM2-135M with a rank-16 and an rsLoRA rank-8 adapter and the base model in one batch,
+    each token for token as peft's unmerged model."""
+    a = LoRARequest("smol-a", 1, str(make_adapter(smollm2_dir, tmp_path / "a", r=16, seed=5)))
+    b = LoRARequest("smol-b", 2, str(make_adapter(smollm2_dir, tmp_path / "b", r=8, seed=6,
+                                                   use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"])))
+    ps = prompts(2)
+    llm = LLM(str(smollm2_dir), dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=16)
+    got = tokens(llm.generate([ps[0], ps[1], ps[0]], GREEDY, lora_request=[a, b, None]))
+    want = [peft_greedy(smollm2_dir, a, ps[:1], GREEDY.max_tokens)[0],
+            peft_greedy(smollm2_dir, b, ps[1:], GREEDY.max_tokens)[0],
+            peft_greedy(smollm2_dir, None, ps[:1], GREEDY.max_tokens)[0]]
+    assert got == want
+    assert got[0] != got[2]  # the adapter changed the answer

@@ -377,7 +377,7 @@ def test_fuzzed_manifests(kind: str, examples: int, api: tuple[TestClient, FakeR
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("kind", "examples"), [("crd", 600), ("mutated", 1500), ("urls", 600)])
+@pytest.mark.parametrize(("kind", "examples"), [("crd", 500), ("mutated", 1000), ("urls", 500)])  # 2,000 in all
 def test_many_fuzzed_manifests(kind: str, examples: int, api: tuple[TestClient, FakeRuntime]) -> None:
     fuzz(kind, examples, api)
 

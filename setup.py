@@ -11,6 +11,7 @@ link tree then carries the same rename, which the default editable finder cannot
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOTS = {"folio.operator": "operator", "folio.engine": "engine", "folio.kernels": "kernels"}
@@ -36,6 +37,16 @@ class BuildPy(build_py):
         modules = super().find_package_modules(package, package_dir)
         init = PACKAGE_MODULES.get(package)
         return [(pkg, "__init__" if module == init else module, path) for pkg, module, path in modules]
+
+
+class BuildExt(build_ext):
+    """Compiles the extensions side by side, one per core, unless `--parallel` says otherwise:
+    decode_gemm_cpu.c alone takes 20 s at -O3, the three others 8 s together."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = True  # os.cpu_count() workers
 
 
 # what every CPU kernel includes: scalar helpers, the vector layer (built for AVX-512 and AVX2), its width
@@ -87,7 +98,7 @@ CPU_DECODE_GEMM = Extension(
 )
 
 setup(
-    cmdclass={"build_py": BuildPy},
+    cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
     packages=_packages(),
     ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED, CPU_DECODE_GEMM],
     package_dir=ROOTS,

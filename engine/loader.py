@@ -175,8 +175,9 @@ def _safetensors(folder: Path) -> Iterator[tuple[str, TensorSource]]:
 def _gguf_config(path: Path) -> dict[str, Any]:
     """A config.json-style dict from the GGUF metadata, read by `transformers`' own GGUF mapping (so both
     agree on every default), plus what that mapping drops."""
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from folio.engine.gguf_reader import GGUFReader
 
     reader = GGUFReader(path)
     field = reader.fields.get("general.architecture")
@@ -196,7 +197,9 @@ def _gguf_config(path: Path) -> dict[str, Any]:
 def _gguf_tensors(path: Path, model: DecoderLM) -> Iterator[tuple[str, TensorSource]]:
     """GGUF tensors dequantised, renamed to the Hugging Face names and converted back where llama.cpp
     changed them (whole: a tensor-parallel rank then keeps its slices of them)."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
+
+    from folio.engine.gguf_reader import GGUFReader
 
     reader = GGUFReader(path)
     for t in reader.tensors:

@@ -97,10 +97,21 @@ CPU_DECODE_GEMM = Extension(
     optional=True,
 )
 
+# Batched multi-LoRA for the CPU's small steps (kernels/csrc/lora_cpu.c), likewise optional: without it the
+# engine runs its PyTorch plans.
+CPU_LORA = Extension(
+    "folio.kernels._cpu_lora",
+    sources=["kernels/csrc/lora_cpu.c"],
+    depends=[*SIMD_HEADERS, "kernels/csrc/lora_cpu_simd.h"],
+    extra_compile_args=["-O3", "-fno-math-errno", "-std=c11"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
 setup(
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
     packages=_packages(),
-    ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED, CPU_DECODE_GEMM],
+    ext_modules=[CPU_ATTENTION, CPU_PREFILL, CPU_FUSED, CPU_DECODE_GEMM, CPU_LORA],
     package_dir=ROOTS,
     package_data={"": ["*.yaml", "*.json", "*.jinja", "*.lua"]},
 )

@@ -285,14 +285,11 @@ class CpuDecodeGraphs:
 
     def __init__(
         self, forward: Forward, *, max_batch_size: int, max_model_len: int, block_size: int,
-        lora_zero_slot: int | None = None,
+        lora: bool = False,
     ) -> None:
-        """``lora_zero_slot``: with LoRA, the adapter stacks' always-zero slot (their last); None without."""
+        """``lora``: the model has adapter stacks (passes with adapter rows run their ops)."""
         self.max_batch_size = min(max_batch_size, MAX_RECORDED_BATCH)
-        self.lora_zero_slot = lora_zero_slot
-        self.buffers = DecodeBuffers(
-            self.max_batch_size, max_model_len, block_size, torch.device("cpu"), lora=lora_zero_slot is not None
-        )
+        self.buffers = DecodeBuffers(self.max_batch_size, max_model_len, block_size, torch.device("cpu"), lora=lora)
         self._forward = forward
         self.arena = Arena()
         # per (batch size, whether it has adapter tokens): a base-model step pays nothing for LoRA
@@ -311,8 +308,8 @@ class CpuDecodeGraphs:
             decode_block_tables=b.block_tables[:n], decode_context_lens=b.context_lens[:n],
         )  # fmt: skip
         if lora:
-            assert b.lora_slots is not None and self.lora_zero_slot is not None
-            ctx.lora = LoRAContext.for_graph(b.lora_slots[:n], self.lora_zero_slot)
+            assert b.lora_slots is not None
+            ctx.lora = LoRAContext.for_graph(b.lora_slots[:n])
         return ctx
 
     def _pass(self, key: tuple[int, bool]) -> torch.Tensor:

@@ -165,17 +165,14 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         graph_factory: GraphFactory,
-        lora_zero_slot: int | None = None,
+        lora: bool = False,
     ) -> None:
-        """``lora_zero_slot``: with LoRA, the adapter stacks' always-zero slot (their last); None without."""
+        """``lora``: the model has adapter stacks (every graph runs their ops)."""
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         self.sizes = capture_sizes(max_batch_size)
         self.max_model_len = max_model_len
-        self.lora_zero_slot = lora_zero_slot
-        self.buffers = DecodeBuffers(
-            self.sizes[-1], max_model_len, block_size, device, lora=lora_zero_slot is not None
-        )
+        self.buffers = DecodeBuffers(self.sizes[-1], max_model_len, block_size, device, lora=lora)
         self._graphs: dict[int, StepGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         start = time.perf_counter()
@@ -218,8 +215,7 @@ class DecodeGraphs:
             context_lens=b.context_lens[:size],
         )
         if b.lora_slots is not None:  # captured with the LoRA ops: any mix of adapters replays
-            assert self.lora_zero_slot is not None
-            ctx.lora = LoRAContext.for_graph(b.lora_slots[:size], self.lora_zero_slot)
+            ctx.lora = LoRAContext.for_graph(b.lora_slots[:size])
         return ctx
 
     @torch.inference_mode()  # the buffers are inference tensors (made under the runner's inference mode)

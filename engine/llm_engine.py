@@ -120,15 +120,16 @@ class LLMEngine:
         if not config.enable_lora:
             return None
         layout = LoRALayout(cfg)
-        # one slot more than the adapters get: kept zero, the decode graphs' slot for base-model rows
-        slots, shard = config.max_loras + 1, None
+        slots, shard = config.max_loras, None
         if self.parallel is None:
             stacks = layout.allocate(slots, config.max_lora_rank, self.dtype, self.device)
+            blocks = layout.blocks
         else:  # this rank's shard of each adapter; the other ranks load theirs as rank 0 fills its slots
             shards = model.load_stats.shards
             stacks = tp_lora.local_stacks(layout, shards, slots, config.max_lora_rank, self.dtype, self.device)
             shard = tp_lora.lora_shard(shards)
-        attach_lora(model, stacks)
+            blocks = tp_lora.local_blocks(layout, shards)
+        attach_lora(model, stacks, blocks)
         lora_slots = LoRASlots(
             config.max_loras, config.max_cpu_loras, model_config=layout, max_rank=config.max_lora_rank,
             stacks=stacks, dtype=self.dtype, shard=shard,
@@ -152,7 +153,7 @@ class LLMEngine:
         runner = ModelRunner(
             model, cfg, num_blocks, config.block_size, self.dtype, self.device, config.seed,
             max_num_seqs=config.max_num_seqs, enforce_eager=eager,
-            lora_zero_slot=config.max_loras if config.enable_lora else None,
+            lora=config.enable_lora,
         )
         if self.parallel:
             self.parallel.wait_ready()

@@ -107,12 +107,11 @@ class ModelRunner:
         *,
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
-        lora_zero_slot: int | None = None,
+        lora: bool = False,
     ) -> None:
-        """``lora_zero_slot``: with LoRA, the index of the adapter stacks' always-zero last slot, which the
-        decode graphs map the base model's rows to; None without LoRA."""
+        """``lora``: the model has adapter stacks (`attach_lora`): steps carry each token's slot."""
         self.model = model
-        self.lora_zero_slot = lora_zero_slot
+        self.lora = lora
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
@@ -158,7 +157,7 @@ class ModelRunner:
             self.decode_graphs = CpuDecodeGraphs(
                 lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx, None),
                 max_batch_size=self.max_num_seqs, max_model_len=self.cfg.max_model_len, block_size=self.block_size,
-                lora_zero_slot=self.lora_zero_slot,
+                lora=self.lora,
             )  # fmt: skip
 
     @property
@@ -170,7 +169,7 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
-        inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora_zero_slot is not None)
+        inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora)
         if self._fits_decode_graphs(batch):
             return self._graph_decode_step(inputs)
         decodes = inputs.decodes
@@ -284,7 +283,7 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
             graph_factory=graph_factory or cuda_graph_factory(),
-            lora_zero_slot=self.lora_zero_slot,
+            lora=self.lora,
         )
 
     def _fits_decode_graphs(self, batch: list[ScheduledSeq]) -> bool:

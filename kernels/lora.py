@@ -9,10 +9,11 @@ rank-``R`` intermediate stays float32. Slot values are not range-checked (that w
 values on the host): the caller guarantees ``-1 <= slots[t] < S``.
 
 CUDA tensors run the Triton kernels (``lora_triton.py``, CUDA-graph safe), others the PyTorch reference
-(``lora_reference.py``, the engine's CPU path). ``lora_groups(slots)`` groups the step's tokens once for
-all layers; pass its result as ``groups=`` to every layer's call. A CPU step that a step graph records
-takes ``lora_groups(slots, static=True)`` instead: a plan that reads the slots only as data, so the
-recording replays right whatever mix the slots tensor holds later (at ``S`` times the LoRA flops).
+(``lora_reference.py``: the engine's CPU path for prompts, its decode steps run ``lora_cpu.py``).
+``lora_groups(slots)`` groups the step's tokens once for all layers; pass its result as ``groups=`` to
+every layer's call. A CPU step that a step graph records, where ``lora_cpu`` is not built, takes
+``lora_groups(slots, static=True)`` instead: a plan that reads the slots only as data, so the recording
+replays right whatever mix the slots tensor holds later (at ``S`` times the LoRA flops).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from folio.kernels._backend import Backend, use_triton
 from folio.kernels._checks import FLOAT_DTYPES, check_tensor, require
+from folio.kernels.lora_cpu import rank_major
 from folio.kernels.lora_reference import LoRAGroups, add_lora_ref, lora_groups
 
 __all__ = ["LoRAGroups", "add_lora", "lora_groups"]
@@ -35,13 +37,17 @@ def add_lora(
     """``out[t] += b[slots[t]] @ (a[slots[t]] @ x[t])`` in place for ``slots[t] != -1``; returns ``out``.
 
     ``x [T, in]``, ``out [T, out]``, ``a [S, R, in]``, ``b [S, out, R]`` (one float dtype, one device, each
-    contiguous in its last dimension), ``slots [T]`` int32 or int64, contiguous.
+    contiguous in its last dimension, except that a CPU ``b`` may be rank-major), ``slots [T]`` int32 or
+    int64, contiguous.
     """
     x = check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     dtype, device = x.dtype, x.device
     out = check_tensor("out", out, ndim=2, dtypes=(dtype,), device=device)
     a = check_tensor("a", a, ndim=3, dtypes=(dtype,), device=device)
-    b = check_tensor("b", b, ndim=3, dtypes=(dtype,), device=device)
+    b = check_tensor("b", b, ndim=3, dtypes=(dtype,), device=device, unit_last_stride=False)
+    # contiguous in its last dimension, or on the CPU rank-major (the engine's CPU stacks, `lora_cpu`'s layout)
+    require(b.stride(-1) == 1 or (device.type == "cpu" and rank_major(b)),
+            lambda: f"b must be contiguous in its last dimension (or rank-major on the CPU), got strides {b.stride()}")
     slots = check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=device)
     tokens, in_features = x.shape
     num_slots, rank, _ = a.shape

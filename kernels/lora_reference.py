@@ -1,7 +1,8 @@
 """Batched multi-LoRA in plain PyTorch: ``out[t] += b[s] @ (a[s] @ x[t])`` with ``s = slots[t]``.
 
-The reference twin of ``lora_triton.py`` and the engine's CPU path. Tokens are grouped by slot once per
-step (``lora_groups``, shared by every layer); each call then runs one of two plans (float32 throughout):
+The reference twin of ``lora_triton.py`` and ``lora_cpu.py``, and the engine's CPU path for prompts. Tokens
+are grouped by slot once per step (``lora_groups``, shared by every layer); each call then runs one of two
+plans (float32 throughout):
 
 * per group: ``(x[rows] @ a[s].T) @ b[s].T`` added to ``out[rows]``, where ``rows`` is a slice when the
   group's tokens are one contiguous run (a prefill's sequence) and an index otherwise. Cost ~ the LoRA

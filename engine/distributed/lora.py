@@ -18,7 +18,7 @@ import torch
 
 from folio.engine.distributed.sharding import ParamShard
 from folio.engine.lora.adapter import LoRAAdapter, LoRAWeights
-from folio.engine.lora.layout import LoRALayout
+from folio.engine.lora.layout import LoRALayout, zeroed_pair
 from folio.engine.lora.request import LoRARequest
 from folio.engine.lora.slots import LoRASlots, Shard, Stacks
 
@@ -57,12 +57,29 @@ def local_stacks(
         held = sum(end - start for start, end in s.ranges)
         out_features = held if s.dim == 0 else shape.out_features
         in_features = held if s.dim == 1 else shape.in_features
-        rank = shape.n_slices * max_rank
-        stacks[(layer, proj)] = (
-            torch.zeros(slots, rank, in_features, dtype=dtype, device=device),
-            torch.zeros(slots, out_features, rank, dtype=dtype, device=device),
-        )
+        stacks[(layer, proj)] = zeroed_pair(slots, shape.n_slices * max_rank, in_features, out_features, dtype, device)
     return stacks
+
+
+def local_blocks(layout: LoRALayout, shards: dict[str, ParamShard]) -> dict[tuple[int, str], tuple[tuple[int, int], ...]]:
+    """`LoRALayout.blocks` in this rank's rows: a column-parallel shard holds its ranges one after another
+    (ascending), so a block's rows stay one run there."""
+    local = {}
+    for key, blocks in layout.blocks.items():
+        s = shards[f"layers.{key[0]}.{_PARAMS[key[1]]}"]
+        if s.dim != 0:  # row-parallel: every output row
+            local[key] = blocks
+            continue
+        starts = [0]
+        for start, end in s.ranges:
+            starts.append(starts[-1] + end - start)
+        mine = []
+        for lo, hi in blocks:
+            pieces = [(at + max(lo, start) - start, at + min(hi, end) - start)
+                      for at, (start, end) in zip(starts, s.ranges, strict=False) if max(lo, start) < min(hi, end)]
+            mine.append((pieces[0][0], pieces[-1][1]) if pieces else (0, 0))
+        local[key] = tuple(mine)
+    return local
 
 
 def write_slot(stacks: Stacks, index: int, adapter: LoRAAdapter, shard: Shard) -> None:

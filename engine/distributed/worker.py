@@ -96,7 +96,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     runner = ModelRunner(
         model, local_config(mc, tp), num_blocks, cfg.block_size, spec.dtype, device, cfg.seed,
         max_num_seqs=cfg.max_num_seqs, enforce_eager=enforce_eager,
-        lora_zero_slot=cfg.max_loras if lora is not None else None,
+        lora=lora is not None,
     )
     runner.sampler = _NoSampling()  # type: ignore[assignment]
     warm_up_kernels(runner, mc.max_model_len)  # compiles this process's kernels, as rank 0 does its own
@@ -131,14 +131,14 @@ def _start_lora(spec: WorkerSpec, model: Any, device: torch.device) -> Callable[
     cfg = spec.config
     if not cfg.enable_lora:
         return None
-    from folio.engine.distributed.lora import local_stacks, lora_shard, write_slot
+    from folio.engine.distributed.lora import local_blocks, local_stacks, lora_shard, write_slot
     from folio.engine.layers.lora import attach_lora
     from folio.engine.lora import LoRALayout, load_adapter
 
     layout = LoRALayout(spec.model_config)
     shards = model.load_stats.shards
-    stacks = local_stacks(layout, shards, cfg.max_loras + 1, cfg.max_lora_rank, spec.dtype, device)
-    attach_lora(model, stacks)
+    stacks = local_stacks(layout, shards, cfg.max_loras, cfg.max_lora_rank, spec.dtype, device)
+    attach_lora(model, stacks, local_blocks(layout, shards))
     shard = lora_shard(shards)
 
     def write(writes: list[Any]) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folio.engine.layers.linear import linear
-from folio.engine.layers.lora import LoRAContext, Pair, add_delta
+from folio.engine.layers.lora import LayerLoRA, LoRAContext, add_delta
 from folio.engine.layers.weights import CheckpointNames, empty_param
 from folio.kernels import fused_cpu
 
@@ -35,7 +35,7 @@ class GatedMLP(nn.Module):
         self.silu = act == "silu"  # the CPU has a native SiLU-and-multiply
         self.gate_up_weight = empty_param(2 * intermediate_size, hidden_size)
         self.down_weight = empty_param(hidden_size, intermediate_size)
-        self.lora: dict[str, Pair] = {}  # "gate_up", "down" → adapter stacks, with LoRA on (`attach_lora`)
+        self.lora: dict[str, LayerLoRA] = {}  # "gate_up", "down" → adapter stacks, with LoRA on (`attach_lora`)
 
     def forward(self, x: torch.Tensor, lora: LoRAContext | None = None) -> torch.Tensor:
         gate_up = linear(x, self.gate_up_weight)

@@ -11,7 +11,7 @@ from torch import nn
 from folio.engine.layers.attention import paged_attention
 from folio.engine.layers.context import AttentionContext
 from folio.engine.layers.linear import linear
-from folio.engine.layers.lora import Pair, add_delta
+from folio.engine.layers.lora import LayerLoRA, add_delta
 from folio.engine.layers.rotary import RotaryEmbedding, rotate
 from folio.engine.layers.weights import CheckpointNames, empty_param
 from folio.kernels import fused_cpu
@@ -43,7 +43,7 @@ class SelfAttention(nn.Module):
         self.q_norm = None if qk_norm is None else qk_norm(head_dim)
         self.k_norm = None if qk_norm is None else qk_norm(head_dim)
         self.rotary = rotary
-        self.lora: dict[str, Pair] = {}  # "qkv", "o" → adapter stacks, with LoRA on (`attach_lora`)
+        self.lora: dict[str, LayerLoRA] = {}  # "qkv", "o" → adapter stacks, with LoRA on (`attach_lora`)
 
     def forward(
         self,

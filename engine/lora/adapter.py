@@ -4,8 +4,10 @@ names the file and the field or module.
 
 Packing (see `folio.engine.lora.layout`): a module's ``lora_A`` [r, in] goes to rows
 ``block*max_rank : block*max_rank + r`` of its projection's ``a``, and ``scaling * lora_B`` [rows, r] to
-its output rows and the same rank columns of ``b``; everything else stays zero. So for every module,
-``(x @ a.T @ b.T)[:, rows]`` is peft's ``scaling * lora_B(lora_A(x))``.
+its output rows and the same rank columns of ``b``; everything else stays zero. A whole fused module
+(``qkv_proj``) of a parameter with slices is split over the slices' blocks: its ``lora_A`` in each, each
+slice's rows of ``lora_B`` in that slice's block. So for every module, ``(x @ a.T @ b.T)[:, rows]`` is
+peft's ``scaling * lora_B(lora_A(x))``, and block ``j`` of ``b`` is zero outside `LoRALayout.blocks`' rows.
 """
 
 from __future__ import annotations
@@ -268,11 +270,15 @@ def _pack(
         if key not in packed:  # float32 while filling: the scaling is folded in before rounding to dtype
             packed[key] = (torch.zeros(shape.a_shape(max_rank)), torch.zeros(shape.b_shape(max_rank)))
         a_packed, b_packed = packed[key]
-        lo = target.block * max_rank
-        if a_packed[lo:lo + r].any() or b_packed[target.rows[0]:target.rows[1], lo:lo + r].any():
-            raise LoRAError(f"adapter {name!r}: {file}: {module} overlaps another module of the same projection")
-        a_packed[lo:lo + r] = a.float()
-        b_packed[target.rows[0]:target.rows[1], lo:lo + r] = b.float() * adapter.scaling
+        # a whole fused module of a parameter with slices goes to every slice's block, with its rows there
+        whole = target.rows == (0, shape.out_features)
+        places = list(enumerate(layout.blocks[key])) if whole else [(target.block, target.rows)]
+        for block, (start, stop) in places:
+            lo = block * max_rank
+            if a_packed[lo:lo + r].any() or b_packed[start:stop, lo:lo + r].any():
+                raise LoRAError(f"adapter {name!r}: {file}: {module} overlaps another module of the same projection")
+            a_packed[lo:lo + r] = a.float()
+            b_packed[start:stop, lo:lo + r] = b[start - target.rows[0]:stop - target.rows[0]].float() * adapter.scaling
     for (layer, proj), (a_packed, b_packed) in packed.items():
         adapter.layers[layer][proj] = _weights(a_packed, b_packed, dtype, device)
     adapter.modules = tuple(sorted(pairs))

@@ -5,7 +5,13 @@ Each of a layer's four projection parameters (`qkv`, `o`, `gate_up`, `down`) get
 the batched op's layout: ``a`` [n_slices * max_rank, in] and ``b`` [out, n_slices * max_rank]. A checkpoint
 module that fills rows ``rows`` of the parameter (q_proj, k_proj, v_proj; gate_proj, up_proj) owns rank
 block ``block`` (its position in the parameter, top to bottom); a module filling the whole parameter
-(Phi-3's qkv_proj and gate_up_proj, every o_proj and down_proj) owns block 0 over all rows.
+(Phi-3's qkv_proj and gate_up_proj, every o_proj and down_proj) owns block 0 over all rows, unless the
+parameter has slices too (every family accepts both namings): then the adapter loader splits such a module
+over the slices' blocks (its ``lora_A`` in each). Either way block ``j`` adds only to `blocks`' rows, and a
+kernel skips the zeros elsewhere in its columns of ``b``.
+
+On the CPU the stacks' ``b`` is rank-major in memory (`folio.kernels.lora_cpu`'s layout); the logical shape
+is the same everywhere.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 
 from folio.engine.config import ModelConfig
 from folio.engine.layers.weights import deferred_params
+from folio.kernels.lora_cpu import zeros_rank_major
 
 # Folio's projection parameter → the name its LoRA pair goes by
 PROJECTIONS = {"qkv_weight": "qkv", "o_weight": "o", "gate_up_weight": "gate_up", "down_weight": "down"}
@@ -87,6 +94,13 @@ class LoRALayout:
         for module, pname in whole.items():
             layer, kind = int(pname.split(".")[1]), PROJECTIONS[pname.rsplit(".", 1)[-1]]
             self.modules[module] = ModuleTarget(layer, kind, (0, params[pname].shape[0]), 0)
+        # (layer, proj) → the output rows (start, stop) of each rank block: its slice's, or every row
+        self.blocks: dict[tuple[int, str], tuple[tuple[int, int], ...]] = {
+            (int(pname.split(".")[1]), PROJECTIONS[pname.rsplit(".", 1)[-1]]):
+                tuple(rows for _, rows in sorted(pieces[pname], key=lambda m: m[1][0]))
+                if pname in pieces else ((0, params[pname].shape[0]),)
+            for pname in {*pieces, *whole.values()}
+        }
 
     def module_names(self) -> set[str]:
         """Short names of the LoRA-able modules (q_proj, qkv_proj, …), for messages."""
@@ -97,9 +111,16 @@ class LoRALayout:
     ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
         """Zeroed device stacks for ``slots`` adapters: (layer, proj) → (a [S, R_p, in], b [S, out, R_p])."""
         return {
-            key: (
-                torch.zeros(slots, *shape.a_shape(max_rank), dtype=dtype, device=device),
-                torch.zeros(slots, *shape.b_shape(max_rank), dtype=dtype, device=device),
-            )
+            key: zeroed_pair(slots, shape.n_slices * max_rank, shape.in_features, shape.out_features, dtype, device)
             for key, shape in sorted(self.shapes.items())
         }
+
+
+def zeroed_pair(
+    slots: int, rank: int, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One projection's zeroed stacks: ``a [slots, rank, in]``, ``b [slots, out, rank]`` (rank-major on the CPU)."""
+    a = torch.zeros(slots, rank, in_features, dtype=dtype, device=device)
+    if torch.device(device).type == "cpu":
+        return a, zeros_rank_major(slots, out_features, rank, dtype)
+    return a, torch.zeros(slots, out_features, rank, dtype=dtype, device=device)

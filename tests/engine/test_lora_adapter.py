@@ -97,6 +97,12 @@ def _check_against_peft(model_dir: Path, adapter_dir: Path, max_rank: int, scali
                 b = saved[f"base_model.model.{module}.lora_B.weight"]
                 want[:, t.rows[0]:t.rows[1]] = scaling * (x @ a.T) @ b.T
         torch.testing.assert_close(x @ pair.a.T @ pair.b.T, want, rtol=1e-5, atol=1e-5)
+        # each rank block adds to its rows only: the CPU kernel skips the rest of its columns
+        blocks = layout.blocks[(layer, proj)]
+        per = pair.b.shape[1] // len(blocks)
+        for j, (lo, hi) in enumerate(blocks):
+            block = pair.b[:, j * per:(j + 1) * per]
+            assert not block[:lo].any() and not block[hi:].any(), (layer, proj, j)
 
 
 @pytest.mark.parametrize("r", [8, 64])

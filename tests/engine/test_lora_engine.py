@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from folio.engine import LLM, LoRAError, LoRARequest, SamplingParams
+from folio.kernels import lora_cpu
 from tests.support.lora import make_adapter, peft_model
 from tests.support.models import make_tiny_llama
 
@@ -214,9 +215,15 @@ def test_adapter_failing_to_load_fails_its_request_only(models, adapters, tmp_pa
     assert finished["b"].outputs[0].finish_reason == "length"
 
 
-def test_decode_graphs_replay_any_mix_of_adapters(models, adapters) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native kernel", "PyTorch plans"])
+def test_decode_graphs_replay_any_mix_of_adapters(models, adapters, monkeypatch, native: bool) -> None:
     """CPU step graphs record decode steps with adapter tokens once and replay them as the adapters in the
-    slots and the rows' mix change: tokens as the eager engine's."""
+    slots and the rows' mix change: tokens as the eager engine's; through the native kernel, and where it
+    is not built through the dense plan (graphs) and the grouped plans (eager)."""
+    if not native:
+        monkeypatch.setattr(lora_cpu, "supports", lambda *args: False)
+    elif not lora_cpu.AVAILABLE:
+        pytest.skip("the native LoRA kernel is not built here")
     model_dir = models("llama")
     loras = [adapters("llama", 8, seed=s) for s in (1, 2, 3)]
     ps = prompts(2, lengths=(5, 9))

@@ -209,3 +209,32 @@ def test_smollm2_rank16_loads_into_a_slot_quickly(smollm2_gguf_path: Path, tmp_p
     assert slots.last_load_s < 2.0
     _assert_slot_holds(slots, index, 1)
     assert len(slots.load(1).modules) == 7 * layout.num_layers
+
+
+def test_blocks_and_a_tensor_parallel_ranks_share_of_them(setup) -> None:
+    # the tiny Llama: q 64 rows, k and v 32 each; gate and up 128 each
+    from folio.engine.distributed.lora import local_blocks
+    from folio.engine.distributed.sharding import ParamShard
+
+    layout, _ = setup
+    blocks = layout.blocks
+    assert blocks[(0, "qkv")] == ((0, 64), (64, 96), (96, 128)) and blocks[(0, "gate_up")] == ((0, 128), (128, 256))
+    assert blocks[(0, "o")] == ((0, 64),) and blocks[(0, "down")] == ((0, 64),)
+    # rank 1 of 2: the second half of q's, k's and v's rows (column-parallel), half of down's inputs
+    shards = {}
+    for layer in range(layout.num_layers):
+        shards[f"layers.{layer}.self_attn.qkv_weight"] = ParamShard((128, 64), 0, ((32, 64), (80, 96), (112, 128)))
+        shards[f"layers.{layer}.self_attn.o_weight"] = ParamShard((64, 64), 1, ((32, 64),))
+        shards[f"layers.{layer}.mlp.gate_up_weight"] = ParamShard((256, 64), 0, ((64, 128), (192, 256)))
+        shards[f"layers.{layer}.mlp.down_weight"] = ParamShard((64, 128), 1, ((64, 128),))
+    local = local_blocks(layout, shards)
+    assert local[(0, "qkv")] == ((0, 32), (32, 48), (48, 64)) and local[(0, "gate_up")] == ((0, 64), (64, 128))
+    assert local[(0, "o")] == ((0, 64),) and local[(0, "down")] == ((0, 64),)
+
+
+def test_cpu_stacks_are_rank_major(setup) -> None:
+    from folio.kernels.lora_cpu import rank_major
+
+    layout, _ = setup
+    for a, b in layout.allocate(3, MAX_RANK, torch.float32).values():
+        assert a.is_contiguous() and rank_major(b) and b.shape[0] == 3

@@ -237,7 +237,9 @@ CASES = {
     "b slots": (call(b=torch.zeros(3, 24, 4)), r"b must have shape"),
     "x strides": (call(x=X.T.contiguous().T), "x must be contiguous in its last dimension"),
     "a strides": (call(a=A.transpose(1, 2).contiguous().transpose(1, 2)), "a must be contiguous in its last dimension"),
-    "b strides": (call(b=B.transpose(1, 2).contiguous().transpose(1, 2)), "b must be contiguous in its last dimension"),
+    # rank-major (the CPU stacks' layout) is taken; every other b needs a unit last stride
+    "b strides": (call(b=B.transpose(1, 2).repeat(1, 1, 2).transpose(1, 2)[:, ::2]),
+                  "b must be contiguous in its last dimension"),
     "slots strided": (call(slots=torch.zeros(8, dtype=torch.int32)[::2]), "slots must be contiguous"),
     "groups type": (call(groups=SLOTS), "groups must come from lora_groups"),
     "backend": (call(backend="cuda"), "backend must be"),

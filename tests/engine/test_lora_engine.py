@@ -12,7 +12,7 @@ import torch
 
 from folio.engine import LLM, LoRAError, LoRARequest, SamplingParams
 from folio.kernels import lora_cpu
-from tests.support.lora import make_adapter, peft_model
+from tests.support.lora import make_adapter, peft_greedy
 from tests.support.models import make_tiny_llama
 
 FAMILIES = {
@@ -53,21 +53,6 @@ def adapters(models, tmp_path_factory: pytest.TempPathFactory):
 def prompts(n: int, lengths: tuple[int, ...] = (5, 37), seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 512, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
-
-
-def peft_greedy(model_dir: Path, adapter: LoRARequest | None, prompt_list: list[list[int]], n: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    if adapter is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    else:
-        model = peft_model(model_dir, Path(adapter.lora_path))
-    outs = []
-    with torch.inference_mode():
-        for p in prompt_list:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-            outs.append(ids[0, len(p):].tolist())
-    return outs
 
 
 def tokens(outs) -> list[list[int]]:

@@ -64,6 +64,24 @@ def peft_model(model_dir: Path, adapter_dir: Path) -> Any:
     return PeftModel.from_pretrained(base, adapter_dir).eval()
 
 
+def peft_greedy(model_dir: Path, adapter: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """``n`` greedy tokens for each prompt from peft's unmerged model; ``adapter``: its folder, a request
+    with a ``lora_path``, or None for the base model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if adapter is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    else:
+        model = peft_model(model_dir, Path(getattr(adapter, "lora_path", adapter)))
+    outs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            outs.append(ids[0, len(p):].tolist())
+    return outs
+
+
 def edit_adapter_config(adapter_dir: Path, **changes: Any) -> Path:
     """Rewrite fields of ``adapter_dir``'s adapter_config.json (a value of None deletes the field)."""
     file = Path(adapter_dir) / "adapter_config.json"

@@ -9,6 +9,7 @@ one module may serve several) and keeps heavy imports (torch, kopf, uvicorn) ins
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -31,19 +32,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # No abbreviations: argparse would take `--max-num-seq 4` as `--max-num-seqs`, so a typo would run
+    # silently; each unknown flag is an error that names the flag it is close to (`main`).
     parser = argparse.ArgumentParser(
         prog="folio",
         description="Folio: LLM inference on Kubernetes with pinned revisions and canary rollouts.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"folio {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
         # help strings are %-formatted by argparse; descriptions are not
-        cmd = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
+        cmd = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text, allow_abbrev=False)
         module.add_arguments(cmd)
-        cmd.set_defaults(_main=module.main)
+        cmd.set_defaults(_main=module.main, _parser=cmd)
     return parser
+
+
+def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the flag each unknown one is close to."""
+    known = [o for action in parser._actions for o in action.option_strings]  # no public accessor
+    hints = []
+    for arg in extras:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7) if flag.startswith("-") else []
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _version() -> str:
@@ -57,7 +73,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 with usage on bad input
+    args, extras = parser.parse_known_args(argv)  # exits 2 with usage on bad input
+    if extras:
+        command = getattr(args, "_parser", parser)
+        command.error(_unknown(command, extras))  # exits 2
     try:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:

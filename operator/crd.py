@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -182,6 +183,12 @@ def _model_schema(model: type, path: tuple[str, ...], *, defaults: bool) -> Sche
     return _ordered(schema)
 
 
+@functools.cache
+def spec_schema() -> Schema:
+    """The structural schema of ``spec``, as the CRD holds it (read, never changed, by its callers)."""
+    return _model_schema(InferenceServiceSpec, ("spec",), defaults=True)
+
+
 def _walk(schema: Schema, visit: Callable[[Schema], object]) -> None:
     visit(schema)
     for child in schema.get("properties", {}).values():
@@ -212,7 +219,7 @@ def _at(schema: Schema, path: tuple[str, ...]) -> Schema:
 
 
 def build_crd() -> dict[str, Any]:
-    spec = _model_schema(InferenceServiceSpec, ("spec",), defaults=True)
+    spec = copy.deepcopy(spec_schema())
     # Status is written by the operator alone: server-side defaults there would only add noise.
     status = _model_schema(InferenceServiceStatus, ("status",), defaults=False)
     spec["description"] = "Desired state: the model to serve, how, and how new revisions roll out."

@@ -100,6 +100,19 @@ def test_bad_command_lines_print_usage_and_exit_2(argv: list[str], folio_bin: st
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    # an abbreviation is no longer taken for the flag it abbreviates: a typo is an error naming the flag
+    (["serve", "--model", "m", "--max-num-seq", "4"], "unrecognized arguments: --max-num-seq 4 "
+                                                      "(--max-num-seq: did you mean --max-num-seqs?)"),
+    (["status", "--outptu=json"], "unrecognized arguments: --outptu=json (--outptu: did you mean --output?)"),
+    (["serve", "--model", "m", "--bogus"], "unrecognized arguments: --bogus"),  # nothing close: no guess
+])
+def test_mistyped_flags_are_errors_that_name_the_flag(argv: list[str], said: str, folio_bin: str) -> None:
+    out = subprocess.run([folio_bin, *argv], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].endswith(f"error: {said}"), out.stderr
+
+
 def test_cli_is_quick_to_start() -> None:
     # heavy imports (torch, kopf, uvicorn) belong inside each command's main, not at import time
     out = subprocess.run(

@@ -12,6 +12,17 @@ from folio.operator.spec import AnalysisSample, InferenceServiceStatus, ParityRe
 OVERRIDES = ("promote", "abort", "retry")
 
 
+def nothing_to_act_on(override: str, status: InferenceServiceStatus | None, target: str | None) -> str | None:
+    """Why the rollout would ignore ``override`` now (its NothingTo* events), for the command that asks
+    for it; None when there is something to act on. ``target``: the spec's revision (None: unknown)."""
+    if override in ("promote", "abort") and (status is None or status.canary_revision is None):
+        return f"no canary in progress: nothing to {override}"
+    if override == "retry" and target is not None and not any(
+            f.revision == target for f in (status.failed_revisions if status else [])):
+        return f"revision {target} has not failed: nothing to retry"
+    return None
+
+
 @dataclass(frozen=True)
 class RevisionFacts:
     """What the caller saw of one revision just now."""

@@ -29,6 +29,7 @@ path as its own container sees it.)
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -194,8 +195,31 @@ def schema_problems(exc: ValidationError | Iterable[Mapping[str, Any]], prefix: 
             message = f"Input should be one of: {kinds} (got {_type_name(err.get('input'))})"
             problems.append(Problem(field_path(head + loc[:-1]), INVALID_SPEC, message))
         else:
-            problems.append(Problem(field_path(head + loc), INVALID_SPEC, _message(err)))
+            message = _message(err)
+            if err.get("type") == "extra_forbidden":
+                message += _did_you_mean(head + loc)
+            problems.append(Problem(field_path(head + loc), INVALID_SPEC, message))
     return _unique(problems)
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """`` (did you mean 'replicas'?)`` for an unknown spec field that is close to one the CRD schema has
+    at that place; empty elsewhere."""
+    from folio.operator.crd import spec_schema
+
+    if not loc or loc[0] != "spec" or not isinstance(loc[-1], str):
+        return ""
+    node: Mapping[str, Any] | None = spec_schema()
+    for part in loc[1:-1]:
+        if node is None:
+            return ""
+        if isinstance(part, int):
+            node = node.get("items")
+        else:
+            node = node.get("properties", {}).get(part) or node.get("additionalProperties") or None
+    known = list((node or {}).get("properties", {}))
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def field_path(loc: Iterable[Any]) -> str:

@@ -40,7 +40,8 @@ BAD_MANIFESTS = {
         GOOD_SPEC + "  engine: {args: {maxModelLenn: 5}}\n",
         "unknown engine arg 'maxModelLenn'",
     ),
-    "unknown field": (GOOD_SPEC + "  replicaz: 2\n", "spec.replicaz: Extra inputs are not permitted"),
+    "unknown field": (GOOD_SPEC + "  replicaz: 2\n",
+                      "spec.replicaz: Extra inputs are not permitted (did you mean 'replicas'?)"),
     # names the API server (or Folio's children's names) would refuse
     "bad name": (GOOD_SPEC.replace("{name: chat}", "{name: Bad_Name!}"), "must be at most 44 lower-case"),
     "path name": (GOOD_SPEC.replace("{name: chat}", '{name: "../../etc"}'), "must be at most 44 lower-case"),
@@ -181,7 +182,7 @@ def test_apply_refuses_with_one_line_per_problem(tmp_path: Path, capsys: pytest.
     assert main(["apply", str(tmp_path / "m.yaml"), "--state-dir", str(tmp_path / "none")]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "folio apply: spec.overflow.url: must be an http:// or https:// URL with a host, got 'ftp://x'",
-        "folio apply: spec.replicaz: Extra inputs are not permitted",
+        "folio apply: spec.replicaz: Extra inputs are not permitted (did you mean 'replicas'?)",
     ]
 
 

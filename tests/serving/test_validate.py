@@ -73,9 +73,23 @@ def test_schema_problems_name_each_field() -> None:
         "spec.rollout.steps: rollout step weights must strictly increase within 1-99, got [50, 20]",
         # the pattern is said in words: the regex (with its "[/?#]") is no message for a user
         "spec.overflow.url: must be an http:// or https:// URL with a host, got 'ftp://x'",
-        "spec.replicaz: Extra inputs are not permitted",
+        "spec.replicaz: Extra inputs are not permitted (did you mean 'replicas'?)",
     }
     assert {p.reason for p in problems} == {"InvalidSpec"}
+
+
+def test_an_unknown_field_names_the_one_it_is_close_to() -> None:
+    body = spec(replica=2, rollout={"stepz": [], "analysis": {"intervall": "30s"}}, flavour=3,
+                model={"source": "hf://org/name", "revison": COMMIT})
+    body["rollout"]["steps"] = [{"weigth": 10}]
+    _, problems = parse("chat", body, CLUSTER)
+    said = {p.path: p.message for p in problems}
+    assert said["spec.replica"].endswith("(did you mean 'replicas'?)")
+    assert said["spec.rollout.stepz"].endswith("(did you mean 'steps'?)")
+    assert said["spec.rollout.analysis.intervall"].endswith("(did you mean 'interval'?)")
+    assert said["spec.rollout.steps[0].weigth"].endswith("(did you mean 'weight'?)")
+    assert said["spec.model.revison"].endswith("(did you mean 'revision'?)")
+    assert said["spec.flavour"] == "Extra inputs are not permitted"  # nothing close: no guess
 
 
 @pytest.mark.parametrize("junk", [None, 5, "spec", [], [{"model": 1}], {"model": None}, {}])

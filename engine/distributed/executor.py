@@ -49,6 +49,7 @@ log = logging.getLogger("folio.engine.tp")
 
 HARD_EXIT_AFTER_S = 10.0
 PROBE_INTERVAL_S = 5.0
+EXIT_NOTICE_S = 2.0  # how long a broken pipe waits for the rank's process to show it exited
 _START_TIMEOUT_S = 600.0  # loading a shard of a large model from a slow volume
 
 
@@ -173,7 +174,7 @@ class TensorParallelExecutor:
                 try:
                     conn.send_bytes(data)
                 except OSError as exc:
-                    self.fail(f"tensor-parallel rank {rank} cannot be reached ({exc})")
+                    self.fail(self._exited_rank() or f"tensor-parallel rank {rank} cannot be reached ({exc})")
                     raise self.failure from exc  # type: ignore[misc]
 
     # --- health -------------------------------------------------------------------------------------
@@ -191,8 +192,16 @@ class TensorParallelExecutor:
                 self.group.probe()
             except Exception as exc:
                 if not self._stop.is_set():
-                    self.fail(f"the collectives health probe failed: {exc}")
+                    self.fail(self._exited_rank() or f"the collectives health probe failed: {exc}")
                 return
+
+    def _exited_rank(self, wait_s: float = EXIT_NOTICE_S) -> str | None:
+        """The line naming a rank that exited and its exit code, waiting up to ``wait_s`` for one: a broken
+        pipe or collective is most often a rank that died, and its process is reaped a moment later."""
+        deadline = time.monotonic() + wait_s
+        while (reason := self._check_workers()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return reason
 
     def _check_workers(self) -> str | None:
         for rank, proc in enumerate(self.procs, start=1):

@@ -193,3 +193,22 @@ def test_the_operator_binds_the_charts_endpoint_picker_role_only_when_it_deploys
     assert granted(without_bind) == ALLOWED
     args = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--endpoint-picker-cluster-role={picker_role['metadata']['name']}" in args
+
+
+def test_the_security_docs_table_lists_exactly_the_allow_list() -> None:
+    # docs/security.md's table of the operator's Role, row by row: each resource (named in backticks, the
+    # API group in parentheses where it is not the core or Folio's) with its verbs, as the allow-list says
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    table = text.split("The operator's Role", 1)[1].split("\n\n", 2)[1]
+    documented: dict[str, frozenset[str]] = {}
+    for row in table.splitlines()[2:]:
+        resources, verbs = row.split("|")[1:3]
+        # resources are plain lowercase words; groups (`keda.sh`) and names (`<release>-router`) are not
+        for name in (t for t in re.findall(r"`([^`]+)`", resources) if re.fullmatch(r"[a-z/]+", t)):
+            documented[name] = frozenset(v.strip() for v in verbs.split(","))
+    expected = {resource: verbs for (_, resource), verbs in {**ALLOWED, **PEERING[False], **PEERING[True]}.items()}
+    expected[BIND[1]] = frozenset({"bind"})
+    assert documented == expected

@@ -72,7 +72,7 @@ def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: 
     torch.set_num_threads(threads)
     kernel = load_extension("_cpu_attention", so)
     if threads > 1:  # on torch's OpenMP pool, as the engine runs it
-        from folio.kernels.decode_attention_cpu import share_torch_threads
+        from folio.kernels.native import share_torch_threads
 
         torch.zeros(1024, 1024).sum()  # torch's pool started first, as in a step
         share_torch_threads(kernel)

@@ -94,7 +94,7 @@ def against(rev: str, repeat: int) -> None:
     from _revisions import kernel_sources_at, load_extension
 
     from folio.kernels import decode_gemm_cpu
-    from folio.kernels.decode_attention_cpu import share_torch_threads
+    from folio.kernels.native import share_torch_threads
 
     name = "_cpu_decode_gemm_rev"
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,54 +7,14 @@ install has it. Inputs are checked by ``folio.kernels.decode_attention.paged_dec
 
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
-
 import torch
 
-from folio.kernels.recording import native
+from folio.kernels.native import load_native
 
-try:
-    from folio.kernels import _cpu_attention as _extension  # type: ignore[attr-defined]
-
-    _cpu_attention = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
-except ImportError:  # built without a C compiler: callers use the PyTorch path
-    _cpu_attention = None
+_cpu_attention = load_native("_cpu_attention")  # None without a C compiler: callers use the PyTorch path
 
 AVAILABLE = _cpu_attention is not None
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-_OPENMP_NAMES = ("libgomp", "libiomp5", "libomp")  # GNU's, or Intel's and LLVM's (both export GOMP_parallel)
-
-
-def _torch_openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime this process's torch runs its thread pool on, if it is one we can call."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    paths = {line.split(maxsplit=5)[-1] for line in maps.splitlines() if line.count(" ") >= 5}
-    for path in sorted(paths):
-        if Path(path).name.startswith(_OPENMP_NAMES):
-            try:  # already loaded, so this only returns a handle to it
-                lib = ctypes.CDLL(path)
-                if all(hasattr(lib, name) for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")):
-                    return lib
-            except OSError:
-                continue
-    return None
-
-
-def share_torch_threads(module: object) -> None:
-    """Points a native kernel module's ``use_openmp`` at torch's OpenMP runtime, where there is one: threads
-    of its own would compete with torch's workers while they spin after an op."""
-    omp = _torch_openmp()
-    if omp is not None:
-        module.use_openmp(*(ctypes.cast(getattr(omp, name), ctypes.c_void_p).value  # type: ignore[attr-defined]
-                            for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
-
-
-if _cpu_attention is not None:
-    share_torch_threads(_cpu_attention)
 
 
 def supports(q: torch.Tensor) -> bool:

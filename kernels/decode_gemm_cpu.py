@@ -12,15 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels._checks import require
-from folio.kernels.decode_attention_cpu import share_torch_threads
-from folio.kernels.recording import native
+from folio.kernels.native import load_native
 
-try:
-    from folio.kernels import _cpu_decode_gemm as _extension  # type: ignore[attr-defined]
-
-    _cpu_decode_gemm = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
-except ImportError:  # built without a C compiler: callers keep oneDNN
-    _cpu_decode_gemm = None
+_cpu_decode_gemm = load_native("_cpu_decode_gemm")  # None without a C compiler: callers keep oneDNN
 
 AVAILABLE = _cpu_decode_gemm is not None and bool(_cpu_decode_gemm.available())
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -31,8 +25,6 @@ MAX_ROWS = 64  # the most rows the kernel takes
 # products 1.4x at 1-2 rows, 1.2-1.35x at 4-48, 1.1x at 64 (widened to float32 instead, as before the dot
 # products, it lost to oneDNN's from 4 rows).
 FASTER_UP_TO = {torch.float32: 64, torch.bfloat16: 64}
-if _cpu_decode_gemm is not None:
-    share_torch_threads(_cpu_decode_gemm)
 
 
 class Panels:

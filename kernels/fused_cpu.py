@@ -17,23 +17,15 @@ from __future__ import annotations
 import torch
 
 from folio.kernels._checks import require
-from folio.kernels.decode_attention_cpu import share_torch_threads
-from folio.kernels.recording import native
+from folio.kernels.native import load_native
 
-try:
-    from folio.kernels import _cpu_fused as _extension  # type: ignore[attr-defined]
-
-    _cpu_fused = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
-except ImportError:  # built without a C compiler: callers use the PyTorch path
-    _cpu_fused = None
+_cpu_fused = load_native("_cpu_fused")  # None without a C compiler: callers use the PyTorch path
 
 AVAILABLE = _cpu_fused is not None
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # the dtypes this CPU runs the vector ops in: both with AVX2; with AVX-512F, bfloat16 only with AVX512-BF16 too
 _RUNS = _cpu_fused.dtypes() if _cpu_fused is not None else (False, False)
 VECTOR_DTYPES = frozenset(d for d, runs in zip(DTYPES, _RUNS, strict=True) if runs)
-if _cpu_fused is not None:
-    share_torch_threads(_cpu_fused)  # large ops split their rows over torch's workers
 
 
 def supports(x: torch.Tensor) -> bool:

@@ -13,22 +13,14 @@ from __future__ import annotations
 import torch
 
 from folio.kernels._checks import require
-from folio.kernels.decode_attention_cpu import share_torch_threads
-from folio.kernels.recording import native
+from folio.kernels.native import load_native
 
-try:
-    from folio.kernels import _cpu_lora as _extension  # type: ignore[attr-defined]
-
-    _cpu_lora = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
-except ImportError:  # built without a C compiler: the PyTorch plans
-    _cpu_lora = None
+_cpu_lora = load_native("_cpu_lora")  # None without a C compiler: the PyTorch plans
 
 AVAILABLE = _cpu_lora is not None and bool(_cpu_lora.available())
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_BLOCKS = 8  # rank blocks of one projection (lora_cpu.c's MAX_BLOCKS)
 Blocks = tuple[tuple[int, int], ...]  # each rank block's output rows, (start, stop)
-if _cpu_lora is not None:
-    share_torch_threads(_cpu_lora)
 
 
 def rank_major(b: torch.Tensor) -> bool:

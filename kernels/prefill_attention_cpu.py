@@ -11,20 +11,12 @@ from __future__ import annotations
 import torch
 
 from folio.kernels._checks import require
-from folio.kernels.decode_attention_cpu import share_torch_threads
-from folio.kernels.recording import native
+from folio.kernels.native import load_native
 
-try:
-    from folio.kernels import _cpu_prefill as _extension  # type: ignore[attr-defined]
-
-    _cpu_prefill = native(_extension)  # its calls go through a NativeModule (folio.kernels.recording)
-except ImportError:  # built without a C compiler: the engine keeps SDPA
-    _cpu_prefill = None
+_cpu_prefill = load_native("_cpu_prefill")  # None without a C compiler: the engine keeps SDPA
 
 AVAILABLE = _cpu_prefill is not None and bool(_cpu_prefill.available())
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-if _cpu_prefill is not None:
-    share_torch_threads(_cpu_prefill)
 
 
 def supports(q: torch.Tensor) -> bool:

@@ -265,6 +265,14 @@ class LocalRuntime:
                     f"serving [bold]{served}[/] at {escape(self.router_url)}/v1 (OpenAI API); "
                     "`folio status`, `folio apply FILE`; Ctrl-C stops everything"
                 )
+            elif not decision.status.traffic and decision.status.failed_revisions:
+                # nothing can serve until the manifest changes: say that `folio up` is waiting, and for what
+                failed = decision.status.failed_revisions[-1]
+                self._say(
+                    f"[yellow]nothing serves: revision {escape(failed.revision)} failed ({escape(failed.reason)}); "
+                    "`folio up` keeps running and waits for a fixed manifest: `folio apply FILE` (or Ctrl-C to "
+                    "stop)[/]"
+                )
         if serving is not None:
             self._run(serving)
 

@@ -253,3 +253,7 @@ def test_weights_that_do_not_match_the_pin_never_serve(service: Service) -> None
     assert set(snap["processes"]) == {"router"}  # no engine was started
     assert snap["status"]["traffic"] == []
     assert up.stop() == 0
+    # it said why nothing serves, and what it waits for (read once it exited: its output is flushed then)
+    said = up.log.read_text()
+    assert (f"nothing serves: revision {snap['revision']} failed (WeightsFailed); `folio up` keeps running and "
+            "waits for a fixed manifest: `folio apply FILE` (or Ctrl-C to stop)") in " ".join(said.split()), said[-3000:]

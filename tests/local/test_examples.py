@@ -26,3 +26,23 @@ def test_faulty_example_is_a_new_revision_of_the_local_one() -> None:
     )
     assert local.name == faulty.name
     assert revision_name(local.spec) != revision_name(faulty.spec)
+
+
+def test_the_local_examples_one_liner_finds_the_file_its_digest_pins() -> None:
+    # the comment's command, run as written (with this interpreter): the file it prints is the pinned one
+    import shlex
+    import subprocess
+    import sys
+
+    from folio.engine.digest import compute_digest
+
+    path = EXAMPLES[0].with_name("smollm2-local.yaml")
+    line = next(raw.removeprefix("#").strip() for raw in path.read_text().splitlines()
+                if raw.lstrip("# ").startswith("python -c"))
+    argv = shlex.split(line)
+    assert argv[0] == "python"
+    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    found = Path(out.stdout.strip())
+    assert found.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert compute_digest(found) == load_manifest(path).spec.model.digest

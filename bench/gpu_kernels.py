@@ -37,6 +37,13 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 64, 8, 128, 16
 DTYPE = torch.bfloat16
 ENGINE_MAX_MODEL_LEN = 131072  # Llama-3.1's context: the bound the engine's CUDA graphs pass
 FIGURES: dict[str, Any] = {}  # every figure printed, for --json
+JSON_PATH: Path | None = None  # --json: rewritten after every row, so a run cut short keeps what it measured
+
+
+def record(section: str, row: dict[str, Any]) -> None:
+    FIGURES.setdefault(section, []).append(row)
+    if JSON_PATH is not None:
+        JSON_PATH.write_text(json.dumps(FIGURES, indent=1))
 
 
 def peak_tbps(name: str, override: float | None) -> float | None:
@@ -144,7 +151,7 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
             print(f"{batch:>6} {ctx:>8} {ours * 1e3:>9.1f} {tbps:>6.2f} {pct:>7} {as_engine * 1e3:>9.1f} "
                   f"{base * 1e3:>8.1f} {base_tbps:>9.2f} {base / ours:>7.2f}x {flash_text}  (sdpa: {backend})",
                   flush=True)
-            FIGURES.setdefault("decode", []).append(
+            record("decode",
                 {"batch": batch, "context": ctx, "folio_us": ours * 1e3, "tbps": tbps,
                  "pct_peak": 100 * tbps / peak if peak else None, "as_engine_us": as_engine * 1e3,
                  "sdpa_us": base * 1e3, "sdpa_backend": backend, "flash_attn_us": flash * 1e3 if flash else None})
@@ -186,7 +193,7 @@ def bench_prefill(contexts: tuple[int, ...]) -> None:
         flops = 4 * batch * heads * HEAD_DIM * length * (length + 1) / 2     # QK^T and PV, causal half
         print(f"{batch:>5} {length:>7} {ours:>9.3f} {flops / ours / 1e9:>8.1f} {base:>8.3f} "
               f"{flops / base / 1e9:>8.1f} {base / ours:>5.2f}x  (sdpa: {backend})", flush=True)
-        FIGURES.setdefault("prefill", []).append(
+        record("prefill",
             {"seqs": batch, "length": length, "folio_ms": ours, "tflops": flops / ours / 1e9, "sdpa_ms": base})
     print("target: >= 0.8x of SDPA (ratio = sdpa time / folio time)")
 
@@ -277,14 +284,16 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def bench_engine(batches: tuple[int, ...], layers: int, device: str, dtype: torch.dtype, *, tiny: bool) -> None:
+def bench_engine(batches: tuple[int, ...], layers: int, device: str, dtype: torch.dtype, *, tiny: bool,
+                 geometries: tuple[str, ...] = tuple(GEOMETRIES)) -> None:
     """Engine decode tok/s with CUDA graphs and eager, against transformers ``generate`` on the same model."""
     from transformers import AutoModelForCausalLM
 
     from folio.engine import LLM
 
     steps = 4 if tiny else ENGINE_DECODE_STEPS
-    for name, geometry in GEOMETRIES.items():
+    for name in geometries:
+        geometry = GEOMETRIES[name]
         if tiny:
             geometry = {"model_type": geometry["model_type"], **TINY}
         vocab = geometry["vocab_size"]
@@ -321,7 +330,7 @@ def bench_engine(batches: tuple[int, ...], layers: int, device: str, dtype: torc
             ratio = best / rows["transformers"][batch]
             print(f"{batch:>6} " + " ".join(f"{rows[m][batch]:>19.0f}" for m in modes_shown) + f" {ratio:>15.2f}x",
                   flush=True)
-            FIGURES.setdefault("engine", []).append(
+            record("engine",
                 {"model": name, "layers": layers, "batch": batch, **{f"{m}_tok_s": rows[m][batch] for m in rows},
                  "engine_over_generate": ratio})
     print("target: engine tok/s >= 10x transformers generate (static batch) on the same GPU")
@@ -357,10 +366,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="context 2k only (a smoke run)")
     parser.add_argument("--section", choices=("all", "kernels", "decode", "prefill", "engine"), default="all",
                         help="decode/prefill attention (kernels: both); engine: engine decode vs transformers")
-    parser.add_argument("--layers", type=int, default=8, help="depth of the engine section's random models")
+    parser.add_argument("--layers", type=int, default=4, help="depth of the engine section's random models")
+    parser.add_argument("--geometry", choices=tuple(GEOMETRIES), action="append", default=None,
+                        help="the engine section's geometry (repeatable; default: every one)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     parser.add_argument("--dry-run", action="store_true", help="import everything, run the engine section tiny on CPU")
     args = parser.parse_args()
+    global JSON_PATH
+    JSON_PATH = args.json
     if args.dry_run:
         return dry_run()
     if not torch.cuda.is_available():
@@ -368,7 +381,9 @@ def main() -> int:
         return 0
     name = torch.cuda.get_device_name()
     peak = peak_tbps(name, args.peak_tbps)
-    FIGURES.update(gpu=name, peak_tbps=peak, torch=torch.__version__, cuda=torch.version.cuda)
+    import triton
+
+    FIGURES.update(gpu=name, peak_tbps=peak, torch=torch.__version__, cuda=torch.version.cuda, triton=triton.__version__)
     print(f"GPU: {name}; peak HBM bandwidth: {f'{peak} TB/s' if peak else 'unknown (pass --peak-tbps)'}; "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     contexts = (2048,) if args.quick else CONTEXTS
@@ -379,7 +394,8 @@ def main() -> int:
         if args.section in ("all", "kernels", "prefill"):
             bench_prefill(contexts)
         if args.section in ("all", "engine"):
-            bench_engine(ENGINE_BATCHES, args.layers, "cuda", DTYPE, tiny=False)
+            bench_engine(ENGINE_BATCHES, args.layers, "cuda", DTYPE, tiny=False,
+                         geometries=tuple(args.geometry or GEOMETRIES))
     finally:
         if args.json:
             args.json.write_text(json.dumps(FIGURES, indent=1))

@@ -54,6 +54,13 @@ class EngineBrokenError(RuntimeError):
     """Steps keep failing whatever they run: the engine cannot serve any more."""
 
 
+def eager_only(config: EngineConfig, device: torch.device) -> bool:
+    """Whether every step runs eagerly: asked for, or tensor parallelism on CUDA, where NCCL collectives
+    inside CUDA graphs have never run on a multi-GPU machine and a stall inside a graph would escape the
+    watchdog (only NCCL's own abort would end it)."""
+    return config.enforce_eager or (config.tensor_parallel_size > 1 and device.type == "cuda")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -68,6 +75,11 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
             self.device = self.parallel.device
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # as the other ranks do: NCCL and graphs use the current device
+        self.eager = eager_only(config, self.device)
+        if self.eager and not config.enforce_eager:
+            log.info("tensor parallelism on CUDA runs every step eagerly (no CUDA graphs around NCCL yet)")
         try:
             model = load_model(
                 config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest,
@@ -147,7 +159,7 @@ class LLMEngine:
             num_blocks = self._num_kv_blocks(cfg, self._fixed_kv_budget())
         else:
             num_blocks = memory_profile.PROFILE_KV_BLOCKS
-        eager = config.enforce_eager or meter is not None  # graphs only once the cache has its size
+        eager = self.eager or meter is not None  # graphs only once the cache has its size
         if self.parallel:
             self.parallel.start(num_blocks, enforce_eager=eager)  # the workers build theirs beside this one
         runner = ModelRunner(
@@ -170,8 +182,8 @@ class LLMEngine:
         )
         num_blocks = self._num_kv_blocks(cfg, kv_budget)
         if self.parallel:
-            self.parallel.resize(num_blocks, enforce_eager=config.enforce_eager)
-        runner.resize_kv_cache(num_blocks, enforce_eager=config.enforce_eager)
+            self.parallel.resize(num_blocks, enforce_eager=self.eager)
+        runner.resize_kv_cache(num_blocks, enforce_eager=self.eager)
         if self.parallel:
             self.parallel.wait_ready()
         return runner, num_blocks

@@ -208,8 +208,13 @@ def shard_model(model: DecoderLM, tp: TensorParallel, device: torch.device) -> d
     model.vocab_parallel = VocabParallel(group, model.config.vocab_size, tp)
 
     params = dict(model.named_parameters())
-    for pname in shards:
+    for pname, shard in shards.items():
         assert params[pname].is_meta, f"{pname} was allocated before sharding"
+        # a row-parallel projection's ranks each add a partial sum that the all-reduce sums: a bias added
+        # by each rank would count tp.size times
+        row_parallel = pname.endswith("_weight") and shard.dim == len(shard.full_shape) - 1 and "embed" not in pname
+        assert not (row_parallel and pname.removesuffix("weight") + "bias" in params), (
+            f"{pname} is row-parallel and has a bias: tensor parallelism would add it {tp.size} times")
     for pname, param in params.items():
         if not param.is_meta:
             continue

@@ -88,6 +88,32 @@ def _expected_shard(full: torch.Tensor, shard: ParamShard | None) -> torch.Tenso
     return torch.cat([full.narrow(shard.dim, a, b - a) for a, b in shard.ranges], dim=shard.dim)
 
 
+def test_a_row_parallel_bias_is_refused(tp_model) -> None:
+    # o_proj and down_proj sum their ranks' partial outputs: a bias there would be added once per rank
+    from torch import nn
+
+    from folio.engine.distributed.sharding import shard_model
+    from folio.engine.layers.weights import deferred_params
+    from folio.engine.models.registry import model_class
+
+    cfg, _ = load_model_config(tp_model("kv2-tied"))
+    with deferred_params():
+        model = model_class(cfg.architecture)(cfg, 64)
+    attn = model.layers[0].self_attn
+    attn.o_bias = nn.Parameter(torch.empty(attn.o_weight.shape[0], device="meta"), requires_grad=False)
+    with pytest.raises(AssertionError, match=r"layers\.0\.self_attn\.o_weight is row-parallel and has a bias"):
+        shard_model(model, TensorParallel(0, 2), torch.device("cpu"))
+
+
+def test_tensor_parallelism_on_cuda_runs_eagerly() -> None:
+    from folio.engine.llm_engine import eager_only
+
+    tp2, tp1 = EngineConfig(model="m", tensor_parallel_size=2), EngineConfig(model="m")
+    assert eager_only(tp2, torch.device("cuda")) and not eager_only(tp2, torch.device("cpu"))
+    assert not eager_only(tp1, torch.device("cuda"))
+    assert eager_only(EngineConfig(model="m", enforce_eager=True), torch.device("cuda"))
+
+
 def test_partitions() -> None:
     assert [kv_heads(1, TensorParallel(r, 2)) for r in range(2)] == [(0, 1), (0, 1)]  # replicated
     assert [kv_heads(2, TensorParallel(r, 4)) for r in range(4)] == [(0, 1), (0, 1), (1, 2), (1, 2)]

@@ -111,6 +111,10 @@ def main() -> int:
     k32_128 = torch.zeros(8, 16, 2, 128)
     paged_prefill_attention(torch.zeros(4, 8, 128), k32_128, k32_128.clone(), cu, lens, tables, 0.1,
                             backend="triton")
+    # head_dim 256 (Gemma 3: 4 query heads on one KV head) in bfloat16: the half tile, in shared memory
+    k256 = torch.zeros(8, 16, 1, 256, dtype=bf16)
+    paged_prefill_attention(torch.zeros(4, 4, 256, dtype=bf16), k256, k256.clone(), cu, lens, tables, 0.1,
+                            backend="triton")
     x = torch.zeros(4, 4096, dtype=bf16)
     w = torch.ones(4096, dtype=bf16)
     rms_norm(x, w, 1e-5, backend="triton")

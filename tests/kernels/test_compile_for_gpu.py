@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("compile_for_gpu.py")
+SM90_SHARED_BYTES = 232448  # an H100/H200 program's most shared memory (227 KiB)
 
 
 def test_every_kernel_compiles_for_sm90_without_spills() -> None:
@@ -21,5 +22,10 @@ def test_every_kernel_compiles_for_sm90_without_spills() -> None:
     kernels = {line.split()[2] for line in compiled}
     assert kernels == {"_store_kvcache_kernel", "_decode_kernel", "_merge_kernel", "_prefill_kernel",
                        "_rms_norm_kernel", "_rotary_kernel"}, out.stdout
-    assert len(compiled) == 12, out.stdout
+    assert len(compiled) == 13, out.stdout
     assert all(" 0 B spilled" in line for line in compiled), out.stdout
+    # and within the 227 KiB of shared memory an sm_90 program may have (head_dim 64, 128 and 256 included)
+    shared = [int(line.split(" B shared")[0].rsplit(maxsplit=1)[-1]) for line in compiled]
+    assert max(shared) <= SM90_SHARED_BYTES, out.stdout
+    heads = {line.split("HEAD_DIM=")[1].split(",")[0] for line in compiled if line.split()[2] == "_prefill_kernel"}
+    assert {"64", "128", "256"} <= heads, out.stdout

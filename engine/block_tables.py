@@ -3,12 +3,15 @@
 Each sequence's table is mirrored in an int32 numpy row that grows as the block manager appends blocks
 (its tables only grow; freeing one replaces the list, which the mirror notices by identity), so a step
 converts only the blocks added since the last one. A step's rows are laid into one persistent host buffer
-(pinned on CUDA) and reach the device in a single non-blocking copy.
+(pinned on CUDA) and reach the device in a single non-blocking copy. That copy may still be pending when
+the next step comes (a step that samples nothing never waits for the device), so each copy records an
+event (`sent`) and the next step waits on it before rewriting the buffer.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,9 +23,15 @@ if TYPE_CHECKING:
 
 
 class BlockTables:
-    def __init__(self, block_size: int, device: torch.device) -> None:
+    def __init__(self, block_size: int, device: torch.device, *, pinned: bool | None = None,
+                 event: Callable[[], Any] | None = None) -> None:
+        """``pinned`` and ``event`` (a ``torch.cuda.Event`` factory) default to what ``device`` has."""
         self.block_size = block_size
         self.device = device
+        cuda = device.type == "cuda"
+        self._pinned = cuda if pinned is None else pinned
+        self._event = event if event is not None else (torch.cuda.Event if cuda else None)
+        self._pending: Any = None  # the event of the last copy out of the host buffer, until waited on
         # id(seq) -> (the list mirrored (kept alive, so a new sequence at a reused id never matches it), its entries as int32, how many are mirrored)
         self._mirrors: dict[int, tuple[list[int], np.ndarray, int]] = {}
         self._host = torch.zeros(0, 0, dtype=BLOCK_TABLE_DTYPE)
@@ -45,15 +54,18 @@ class BlockTables:
             # zeros: entries past a sequence's table hold some valid block id (a stale one is fine, since
             # entries past a context are never read)
             shape = (max(rows, self._host.shape[0]) * 5 // 4 + 1, max(width, self._host.shape[1]) * 5 // 4 + 1)
-            self._host = torch.zeros(shape, dtype=BLOCK_TABLE_DTYPE, pin_memory=self.device.type == "cuda")
+            self._host = torch.zeros(shape, dtype=BLOCK_TABLE_DTYPE, pin_memory=self._pinned)
         return self._host
 
     def host(self, items: list[ScheduledSeq], lens: list[int]) -> torch.Tensor:
         """The items' block tables as int32 ``[len(items), blocks of the longest context]``, in the host
         buffer (valid until the next call).
 
-        On CUDA the buffer's copy is non-blocking and the next step rewrites it: every step ends in the
-        sampler's copy of its tokens to the host, after which this step's copy has run."""
+        A caller that copies them to the device without blocking calls `sent` after: the next call waits
+        for that copy before it rewrites the buffer."""
+        if self._pending is not None:
+            self._pending.synchronize()  # at once unless the device has not run the last copy yet
+            self._pending = None
         width = -(-max(lens) // self.block_size)
         host = self._buffer(len(items), width)
         view = host.numpy()
@@ -68,4 +80,14 @@ class BlockTables:
     def tensor(self, items: list[ScheduledSeq], lens: list[int]) -> torch.Tensor:
         """:meth:`host`'s tables on the runner's device (one copy)."""
         out = self.host(items, lens)
-        return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
+        if self.device.type == "cpu":
+            return out
+        on_device = out.to(self.device, non_blocking=True)
+        self.sent()
+        return on_device
+
+    def sent(self) -> None:
+        """A non-blocking copy out of :meth:`host`'s buffer was just queued: the next step waits for it."""
+        if self._event is not None:
+            self._pending = self._event()
+            self._pending.record()

@@ -305,6 +305,7 @@ class ModelRunner:
             torch.tensor(inputs.context_lens, dtype=torch.int32),
             torch.tensor(inputs.lora_slots, dtype=torch.int32) if inputs.has_lora else None,
         )
+        self.block_tables.sent()  # run() copied the pinned tables without blocking
         if prompt_logits.wanted(inputs):  # a one-token prefill chunk
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         rows = inputs.logit_rows  # one row per decode: the rows of those that sample

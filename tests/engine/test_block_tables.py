@@ -67,3 +67,25 @@ def test_finished_sequences_are_forgotten() -> None:
         check(tables, [*live, item([n])], [8, 4])
     assert len(tables._mirrors) <= 4 * 2 + 64 + 1
     assert id(live[0].seq) in tables._mirrors
+
+
+def test_a_step_waits_for_the_last_copy_before_it_rewrites_the_buffer() -> None:
+    # as on CUDA: each non-blocking copy out of the host buffer records an event, and the next step's
+    # tables are written only once that event is waited on (here: the buffer still holds the last step's)
+    log: list[object] = []
+
+    class Event:
+        def record(self) -> None:
+            log.append("recorded")
+
+        def synchronize(self) -> None:
+            log.append(("waited", tables._host[0, :2].tolist()))
+
+    tables = BlockTables(4, torch.device("cuda"), pinned=False, event=Event)
+    first = tables.host([item([3, 1])], [8])
+    assert first.tolist() == [[3, 1]] and log == []  # nothing copied yet: nothing to wait for
+    tables.sent()
+    second = tables.host([item([7, 8])], [8])
+    assert log == ["recorded", ("waited", [3, 1])] and second.tolist() == [[7, 8]]
+    tables.host([item([9, 9])], [8])  # waited on once: no copy since, no wait
+    assert len(log) == 2

@@ -69,6 +69,12 @@ def test_captured_padding_rows_write_no_kv(tiny_variant) -> None:
 
 
 def test_tiny_model_graphs_match_enforce_eager(tiny_variant, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Graphs split decode attention by max_model_len, eager steps by the longest context: on a random
+    # model's near-ties another summation order may flip a token, so both run one split count here
+    # (the kernel's splits are tested against the reference in tests/kernels).
+    from folio.kernels import decode_attention_triton
+
+    monkeypatch.setattr(decode_attention_triton, "choose_num_splits", lambda *args: 1)
     path = tiny_variant("llama-gqa3-tied")
     prompts, params = mixed_workload(17)  # decode batches of 1..17: most padded to a captured size
     settings = dict(block_size=BLOCK_SIZE, max_num_batched_tokens=96)

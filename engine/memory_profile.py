@@ -116,11 +116,15 @@ class StepProfile:
         return max(0, self.peak - self.in_use)
 
 
-def profile_batch(num_tokens: int, num_seqs: int, vocab_size: int, block_size: int) -> list[ScheduledSeq]:
+def profile_batch(
+    num_tokens: int, num_seqs: int, vocab_size: int, block_size: int, *, prompt_logprobs: bool = False
+) -> list[ScheduledSeq]:
     """The largest step: ``num_tokens`` prompt tokens over ``num_seqs`` fresh sequences, each sampled
-    with top-k and top-p on (the sampler's most expensive path)."""
+    with top-k and top-p on (the sampler's most expensive path); with ``prompt_logprobs``, each also
+    asking for its prompt's log-probabilities and mean logits (slices of [rows, vocabulary] logits)."""
     assert 0 < num_seqs <= num_tokens
-    params = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1)
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1,
+                            prompt_logprobs=5 if prompt_logprobs else None, mean_prompt_logits=prompt_logprobs)
     batch = []
     for i in range(num_seqs):
         n = num_tokens // num_seqs + (i < num_tokens % num_seqs)
@@ -140,12 +144,15 @@ def profile_step(
     sequences (the sampler's largest batch). ``run_step`` (default ``runner.step``) is how the engine
     runs a step, e.g. with the other tensor-parallel ranks beside it."""
     longest = min(num_tokens, runner.cfg.max_model_len - 1)
-    shapes = [(longest, 1), (num_tokens, min(num_seqs, num_tokens))]
+    # the longest prompt, alone and again asking for its prompt log-probabilities (their logits come in
+    # slices beside the step's activations), then the most sequences
+    shapes = [(longest, 1, False), (longest, 1, True), (num_tokens, min(num_seqs, num_tokens), False)]
     rng = runner.sampler.generator.get_state()  # the dummy draws must not shift what requests sample
     meter.reset_peak()
     before = meter.in_use()
-    for tokens, seqs in shapes:
-        (run_step or runner.step)(profile_batch(tokens, seqs, runner.cfg.vocab_size, runner.block_size))
+    for tokens, seqs, logprobs in shapes:
+        (run_step or runner.step)(profile_batch(tokens, seqs, runner.cfg.vocab_size, runner.block_size,
+                                                prompt_logprobs=logprobs))
     runner.sampler.generator.set_state(rng)
     return StepProfile(num_tokens, shapes[-1][1], before, meter.peak())
 

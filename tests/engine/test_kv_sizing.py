@@ -4,6 +4,7 @@ same accounting the GPU uses: the process's resident memory stands in for the de
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -90,6 +91,17 @@ def test_the_profile_batch_is_the_largest_step() -> None:
     assert [item.num_tokens for item in batch] == [683, 683, 682]
     assert all(item.samples and len(item.seq.block_table) * 16 >= item.num_tokens for item in batch)
     assert all(0 <= t < 100 for item in batch for t in item.seq.token_ids)
+
+
+def test_the_profile_runs_a_prompt_logprobs_step_too() -> None:
+    # a request's prompt log-probabilities turn [rows, vocabulary] slices of logits beside the step's own
+    # activations: the profile runs the longest prompt that way as well
+    steps: list[list] = []
+    runner = SimpleNamespace(cfg=SimpleNamespace(max_model_len=512, vocab_size=100), block_size=16,
+                             sampler=SimpleNamespace(generator=torch.Generator()))
+    memory_profile.profile_step(runner, CpuMemory(), 1024, 4, run_step=steps.append)  # type: ignore[arg-type]
+    shapes = [(len(batch), batch[0].num_tokens, batch[0].seq.prompt_logits is not None) for batch in steps]
+    assert shapes == [(1, 511, False), (1, 511, True), (4, 256, False)]
 
 
 def test_the_cuda_meter_is_used_only_on_cuda() -> None:

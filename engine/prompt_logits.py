@@ -102,6 +102,23 @@ def needs_prompt_logits(seq: object) -> bool:
     return collector is not None and not collector.complete
 
 
+class PromptPositions:
+    """A tensor-parallel worker's stand-in for a sequence's `PromptLogits`, rebuilt each step from rank 0's
+    next position: `collect` then computes the same slices of logits on every rank (their vocabulary-parallel
+    gather is a collective all ranks join) and keeps nothing."""
+
+    def __init__(self, num_prompt_tokens: int, next_position: int) -> None:
+        self.num_prompt_tokens, self.next_position = num_prompt_tokens, next_position
+
+    @property
+    def complete(self) -> bool:
+        return self.next_position == self.num_prompt_tokens
+
+    def add(self, first_position: int, logits: torch.Tensor) -> None:
+        assert first_position == self.next_position, "prompt positions must arrive in order"
+        self.next_position += logits.shape[0]
+
+
 def collect(
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,

@@ -5,20 +5,23 @@ lays out the same tokens, slots and block tables and meets the same collectives 
 mirrored sequence carries only what a step reads: this step's tokens (and the next one, which prompt
 positions are scored against), where they start, the block table, the length and the sampling
 parameters. Both sides keep the mirrors of exactly the previous step's sequences, so a sequence that
-stays in the batch sends only the blocks added to its table since, and its parameters once.
+stays in the batch sends only the blocks added to its table since, and its parameters once. A sequence
+collecting logits over its prompt also sends the next prompt position it collects: every rank turns the
+same slices of prompt positions into logits, whose vocabulary-parallel gather all ranks join.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from folio.engine.prompt_logits import PromptPositions
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq
 
 # (request id, first token's position, tokens this step, tokens from that position, length, prompt
 #  length, table entries from `table_from` on, table_from, params or None when the worker has them,
-#  adapter slot or -1)
-SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int]
+#  adapter slot or -1, the next prompt position it collects logits of or None)
+SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int, int | None]
 
 
 class StepEncoder:
@@ -38,9 +41,11 @@ class StepEncoder:
                 table_from, params = known[1], None  # tables only grow; a freed one is a new list
             else:
                 table_from, params = 0, seq.params
+            collector = getattr(seq, "prompt_logits", None)
             updates.append((
                 seq.request_id, start, item.num_tokens, seq.token_ids[start : start + item.num_tokens + 1],
                 len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params, seq.lora_slot,
+                None if collector is None or collector.complete else collector.next_position,
             ))  # fmt: skip
             sent[seq.request_id] = (table, len(table))
         self._sent = sent
@@ -51,7 +56,7 @@ class MirroredSeq:
     """What `ModelRunner.step` reads of a `Sequence`, rebuilt from `SeqUpdate`s on the other ranks."""
 
     __slots__ = ("block_table", "generator", "length", "lora_slot", "num_computed_tokens", "num_prompt_tokens",
-                 "params", "request_id", "token_ids")  # fmt: skip
+                 "params", "prompt_logits", "request_id", "token_ids")  # fmt: skip
 
     def __init__(self, request_id: str, params: SamplingParams) -> None:
         self.request_id, self.params = request_id, params
@@ -60,6 +65,7 @@ class MirroredSeq:
         self.num_computed_tokens = self.length = self.num_prompt_tokens = 0
         self.lora_slot = -1
         self.generator: Any = None
+        self.prompt_logits: PromptPositions | None = None
 
     def __len__(self) -> int:
         return self.length
@@ -74,7 +80,7 @@ class StepMirror:
     def decode(self, updates: list[SeqUpdate]) -> list[ScheduledSeq]:
         seqs: dict[str, MirroredSeq] = {}
         batch: list[ScheduledSeq] = []
-        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot in updates:
+        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot, prompt_next in updates:
             seq = self._seqs.get(rid)
             if params is not None:
                 seq = MirroredSeq(rid, params)
@@ -90,6 +96,7 @@ class StepMirror:
             ids.extend(tokens)
             seq.num_computed_tokens, seq.length, seq.num_prompt_tokens = start, length, num_prompt
             seq.lora_slot = lora_slot
+            seq.prompt_logits = None if prompt_next is None else PromptPositions(num_prompt, prompt_next)
             seqs[rid] = seq
             batch.append(ScheduledSeq(seq, num_tokens))  # type: ignore[arg-type]
         self._seqs = seqs

@@ -147,6 +147,25 @@ def test_tp2_matches_tp1_and_transformers(tp_model, name: str) -> None:
         assert len(workers) == 1 and workers[0]["bytes_read"] < sum(p.stat().st_size for p in path.glob("*.safetensors"))
 
 
+def test_tp2_prompt_logprobs_and_mean_logits_match_tp1(tp_model) -> None:
+    """Prompt log-probabilities (and the parity gate's mean prompt logits) under TP=2, over prefill chunks
+    and one-token chunks: every rank computes the same slices of prompt logits (their vocabulary-parallel
+    gather is a collective), and the numbers are TP=1's."""
+    path = tp_model("kv1-untied")
+    prompts = random_prompts(500, (3, 40, 17))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=3, mean_prompt_logits=True)
+    results = []
+    for size in (1, 2):
+        for llm in _llm(path, size, max_num_batched_tokens=16):  # prompts split over chunks, down to one token
+            results.append(llm.generate(prompts, params))
+    for one, two in zip(*results, strict=True):
+        assert two.outputs[0].token_ids == one.outputs[0].token_ids
+        assert len(two.prompt_logprobs) == len(one.prompt_logprobs) == len(one.prompt_token_ids)
+        for a, b in zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:], strict=True):
+            assert set(a) == set(b) and all(abs(a[t] - b[t]) < 1e-4 for t in a)
+        torch.testing.assert_close(two.prompt_logits_mean, one.prompt_logits_mean, rtol=1e-4, atol=1e-4)
+
+
 def test_tp2_prefix_caching_and_chunked_prefill(tp_model) -> None:
     """Cached prefix blocks are valid on every rank (each holds its heads of them), and chunked prefill
     steps mix prompts and decodes the same way on both ranks."""

@@ -173,12 +173,17 @@ class LLMEngine:
             return runner, num_blocks
         self.runner = runner  # the profiling step runs as every step does
         profile = memory_profile.profile_step(runner, meter, budget, config.max_num_seqs, run_step=self._run_step)
-        kv_budget = memory_profile.kv_cache_budget(meter, config.gpu_memory_utilization, profile)
+        graphs = 0
+        if not self.eager and self.device.type == "cuda":
+            # The decode graphs' pool and cuBLAS's workspaces come on top of the cache: capture them once
+            # against the profiling cache, and keep what they hold out of the cache's budget.
+            graphs = memory_profile.held_by(meter, lambda: runner.resize_kv_cache(memory_profile.PROFILE_KV_BLOCKS))
+        kv_budget = memory_profile.kv_cache_budget(meter, config.gpu_memory_utilization, profile) - graphs
         log.info(
-            "profiled the largest step (%d tokens over %d sequences): %.2f GiB in use, %.2f GiB activations; "
-            "%.2f GiB left for the KV cache at utilization %.2f of %.2f GiB",
+            "profiled the largest step (%d tokens over %d sequences): %.2f GiB in use, %.2f GiB activations, "
+            "%.2f GiB decode graphs; %.2f GiB left for the KV cache at utilization %.2f of %.2f GiB",
             profile.num_tokens, profile.num_seqs, profile.in_use / GIB, profile.activation_bytes / GIB,
-            kv_budget / GIB, config.gpu_memory_utilization, meter.total() / GIB,
+            graphs / GIB, kv_budget / GIB, config.gpu_memory_utilization, meter.total() / GIB,
         )
         num_blocks = self._num_kv_blocks(cfg, kv_budget)
         if self.parallel:

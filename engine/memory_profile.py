@@ -157,6 +157,16 @@ def profile_step(
     return StepProfile(num_tokens, shapes[-1][1], before, meter.peak())
 
 
+def held_by(meter: DeviceMemory, make: Callable[[], object]) -> int:
+    """The device memory ``make`` leaves held once it returns (e.g. captured CUDA graphs: their memory pool
+    and cuBLAS's workspaces), measured device-wide from an emptied allocator cache."""
+    meter.reset_peak()  # synchronizes and empties the allocator's cache first
+    before = meter.in_use()
+    make()
+    meter.reset_peak()
+    return max(0, meter.in_use() - before)
+
+
 def kv_cache_budget(meter: DeviceMemory, utilization: float, profile: StepProfile) -> int:
     """Bytes the KV cache may take: the rest of ``utilization × total`` once the weights and the largest
     step's activations have theirs (negative when they alone exceed it)."""

@@ -104,5 +104,27 @@ def test_the_profile_runs_a_prompt_logprobs_step_too() -> None:
     assert shapes == [(1, 511, False), (1, 511, True), (4, 256, False)]
 
 
+def test_what_the_decode_graphs_hold_is_measured_from_an_empty_cache() -> None:
+    # on CUDA the engine captures its graphs once against the profiling cache and keeps what they hold
+    # (their pool, cuBLAS's workspaces) out of the KV cache's budget
+    class Meter:
+        used, resets = 1000, 0
+
+        def reset_peak(self) -> None:  # as CudaMemory's: synchronizes and empties the allocator's cache
+            self.resets += 1
+            self.used = self.used // 10 * 10  # what the cache held is gone
+
+        def in_use(self) -> int:
+            return self.used
+
+    meter = Meter()
+    meter.used += 7  # cached blocks the profile step left
+
+    def capture() -> None:
+        meter.used += 300 + 5  # the graphs' pool, and blocks cached during capture
+
+    assert memory_profile.held_by(meter, capture) == 300 and meter.resets == 2  # type: ignore[arg-type]
+
+
 def test_the_cuda_meter_is_used_only_on_cuda() -> None:
     assert memory_profile.meter_for(torch.device("cpu")) is None

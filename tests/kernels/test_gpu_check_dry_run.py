@@ -50,7 +50,7 @@ def test_dry_run_passes_without_the_missing_packages(tmp_path: Path) -> None:
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "gpu_check --dry-run: ok" in log
     assert "tests collected" in log and "bench/gpu_kernels.py --dry-run: ok" in log
-    assert "340 s of a 360 s budget" in log and "160 s of a 170 s budget" in log and "over budget" not in log
+    assert "345 s of a 360 s budget" in log and "145 s of a 170 s budget" in log and "over budget" not in log
 
 
 def test_a_plan_over_its_time_budget_fails_the_dry_run(tmp_path: Path) -> None:
@@ -60,5 +60,5 @@ def test_a_plan_over_its_time_budget_fails_the_dry_run(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     log = (tmp_path / "out" / "gpu_check.log").read_text()
-    assert "340 s of a 200 s budget" in log and "over budget" in log and "gpu_check --plan: failed" in log
-    assert "160 s of a 170 s budget" in log  # --quick's plan still fits its own
+    assert "345 s of a 200 s budget" in log and "over budget" in log and "gpu_check --plan: failed" in log
+    assert "145 s of a 170 s budget" in log  # --quick's plan still fits its own

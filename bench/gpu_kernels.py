@@ -151,10 +151,10 @@ def bench_decode(peak: float | None, contexts: tuple[int, ...], batches: tuple[i
             print(f"{batch:>6} {ctx:>8} {ours * 1e3:>9.1f} {tbps:>6.2f} {pct:>7} {as_engine * 1e3:>9.1f} "
                   f"{base * 1e3:>8.1f} {base_tbps:>9.2f} {base / ours:>7.2f}x {flash_text}  (sdpa: {backend})",
                   flush=True)
-            record("decode",
-                {"batch": batch, "context": ctx, "folio_us": ours * 1e3, "tbps": tbps,
-                 "pct_peak": 100 * tbps / peak if peak else None, "as_engine_us": as_engine * 1e3,
-                 "sdpa_us": base * 1e3, "sdpa_backend": backend, "flash_attn_us": flash * 1e3 if flash else None})
+            record("decode", {
+                "batch": batch, "context": ctx, "folio_us": ours * 1e3, "tbps": tbps,
+                "pct_peak": 100 * tbps / peak if peak else None, "as_engine_us": as_engine * 1e3,
+                "sdpa_us": base * 1e3, "sdpa_backend": backend, "flash_attn_us": flash * 1e3 if flash else None})
     if peak and 64 in batches and 2048 in contexts:
         print(f"target: batch 64 x 2k >= 60% of {peak} TB/s peak")
 
@@ -193,8 +193,8 @@ def bench_prefill(contexts: tuple[int, ...]) -> None:
         flops = 4 * batch * heads * HEAD_DIM * length * (length + 1) / 2     # QK^T and PV, causal half
         print(f"{batch:>5} {length:>7} {ours:>9.3f} {flops / ours / 1e9:>8.1f} {base:>8.3f} "
               f"{flops / base / 1e9:>8.1f} {base / ours:>5.2f}x  (sdpa: {backend})", flush=True)
-        record("prefill",
-            {"seqs": batch, "length": length, "folio_ms": ours, "tflops": flops / ours / 1e9, "sdpa_ms": base})
+        record("prefill", {
+            "seqs": batch, "length": length, "folio_ms": ours, "tflops": flops / ours / 1e9, "sdpa_ms": base})
     print("target: >= 0.8x of SDPA (ratio = sdpa time / folio time)")
 
 
@@ -330,9 +330,9 @@ def bench_engine(batches: tuple[int, ...], layers: int, device: str, dtype: torc
             ratio = best / rows["transformers"][batch]
             print(f"{batch:>6} " + " ".join(f"{rows[m][batch]:>19.0f}" for m in modes_shown) + f" {ratio:>15.2f}x",
                   flush=True)
-            record("engine",
-                {"model": name, "layers": layers, "batch": batch, **{f"{m}_tok_s": rows[m][batch] for m in rows},
-                 "engine_over_generate": ratio})
+            record("engine", {
+                "model": name, "layers": layers, "batch": batch, **{f"{m}_tok_s": rows[m][batch] for m in rows},
+                "engine_over_generate": ratio})
     print("target: engine tok/s >= 10x transformers generate (static batch) on the same GPU")
 
 

@@ -24,7 +24,27 @@ if TYPE_CHECKING:
 _ROWS_PER_SLICE = 256
 
 
-class PromptLogits:
+class PromptPositions:
+    """Which prompt positions a sequence has had the logits of: ``[0, next_position)``. On its own, a
+    tensor-parallel worker's stand-in for a sequence's `PromptLogits`, rebuilt each step from rank 0's next
+    position: `collect` then computes the same slices of logits on every rank (their vocabulary-parallel
+    gather is a collective all ranks join) and keeps nothing."""
+
+    def __init__(self, num_prompt_tokens: int, next_position: int = 0) -> None:
+        self.num_prompt_tokens, self.next_position = num_prompt_tokens, next_position
+
+    @property
+    def complete(self) -> bool:
+        return self.next_position == self.num_prompt_tokens
+
+    def add(self, first_position: int, logits: torch.Tensor) -> None:
+        """Take the logits [rows, vocab] of prompt positions ``first_position`` on."""
+        assert first_position == self.next_position, "prompt positions must arrive in order"
+        assert first_position + logits.shape[0] <= self.num_prompt_tokens
+        self.next_position += logits.shape[0]
+
+
+class PromptLogits(PromptPositions):
     """What one sequence has gathered over its prompt so far.
 
     ``logprobs[p]`` is the entry of prompt token p: its own log-probability given the tokens before it and
@@ -34,10 +54,10 @@ class PromptLogits:
     """
 
     def __init__(self, prompt_token_ids: list[int], top_k: int | None, want_mean: bool) -> None:
+        super().__init__(len(prompt_token_ids))
         self.prompt_token_ids = prompt_token_ids
         self.top_k = top_k
         self.want_mean = want_mean
-        self.next_position = 0  # prompt positions [0, next_position) are collected
         self.logprobs: list[dict[int, float] | None] | None = [None] if top_k is not None else None
         self._sum: torch.Tensor | None = None
 
@@ -50,14 +70,6 @@ class PromptLogits:
         return cls(prompt_token_ids, top_k, want_mean)
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def complete(self) -> bool:
-        return self.next_position == self.num_prompt_tokens
-
-    @property
     def mean_logits(self) -> torch.Tensor | None:
         if self._sum is None or not self.complete:
             return None
@@ -65,15 +77,12 @@ class PromptLogits:
 
     def add(self, first_position: int, logits: torch.Tensor) -> None:
         """Fold in the float32 ``logits`` [rows, vocab] of prompt positions ``first_position`` on."""
-        assert first_position == self.next_position, "prompt positions must arrive in order"
-        rows = logits.shape[0]
-        assert first_position + rows <= self.num_prompt_tokens
         if self.want_mean:
             total = logits.sum(dim=0, dtype=torch.float32)
             self._sum = total if self._sum is None else self._sum + total
         if self.logprobs is not None:
             self._add_logprobs(first_position, logits)
-        self.next_position += rows
+        super().add(first_position, logits)  # checks the positions, then counts them collected
 
     def _add_logprobs(self, first_position: int, logits: torch.Tensor) -> None:
         assert self.logprobs is not None and self.top_k is not None
@@ -100,23 +109,6 @@ def needs_prompt_logits(seq: object) -> bool:
     """Whether a sequence still needs logits of prompt positions (and so must skip the prefix cache)."""
     collector = getattr(seq, "prompt_logits", None)
     return collector is not None and not collector.complete
-
-
-class PromptPositions:
-    """A tensor-parallel worker's stand-in for a sequence's `PromptLogits`, rebuilt each step from rank 0's
-    next position: `collect` then computes the same slices of logits on every rank (their vocabulary-parallel
-    gather is a collective all ranks join) and keeps nothing."""
-
-    def __init__(self, num_prompt_tokens: int, next_position: int) -> None:
-        self.num_prompt_tokens, self.next_position = num_prompt_tokens, next_position
-
-    @property
-    def complete(self) -> bool:
-        return self.next_position == self.num_prompt_tokens
-
-    def add(self, first_position: int, logits: torch.Tensor) -> None:
-        assert first_position == self.next_position, "prompt positions must arrive in order"
-        self.next_position += logits.shape[0]
 
 
 def collect(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
+from folio.engine.server.adapter_faults import FAULT_FILE
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
 
 if TYPE_CHECKING:
@@ -136,6 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add Gaussian noise of this std to the logits (sampling, prompt logprobs, parity): answers differ, "
         "nothing fails",
     )
+    faults.add_argument(
+        "--fault-adapter-files", action="store_true",
+        help=f"honor a {FAULT_FILE} in an adapter's folder ({{\"errorRate\": R}}): requests under that adapter are "
+        "answered with a 500 at rate R, the others are not (a faulty adapter revision)",
+    )  # fmt: skip
 
 
 def _add_lora_arguments(parser: argparse.ArgumentParser) -> None:
@@ -401,6 +407,7 @@ def main(args: argparse.Namespace) -> int:
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        fault_adapter_files=args.fault_adapter_files,
     )
     app = build_app(engine, served, faults)
     freeze_start_up_objects()

@@ -45,6 +45,34 @@ def _step_order_rule() -> str:
     return " && ".join(pairs)
 
 
+def _pin_rules(field: str) -> list[dict[str, str]]:
+    """`PinnedSource`'s rules: hf:// needs a commit SHA, pvc:// and file:// a digest."""
+    return [
+        {
+            "rule": "!self.source.startsWith('hf://') || "
+            "(has(self.revision) && self.revision.matches('^[0-9a-f]{40}$'))",
+            "message": f"hf:// sources must pin {field}.revision to a full 40-character lowercase hex "
+            "commit SHA; branches and tags are not immutable",
+        },
+        {
+            "rule": "!(self.source.startsWith('pvc://') || self.source.startsWith('file://')) || has(self.digest)",
+            "message": f"pvc:// and file:// sources need {field}.digest (sha256:...); "
+            "compute it with `folio digest PATH`",
+        },
+    ]
+
+
+_STEP_RULES = [
+    {
+        "rule": "self.all(s, s.weight >= 1 && s.weight <= 99)",
+        "message": "every rollout step weight must be between 1 and 99 (100% follows the last step)",
+    },
+    {
+        "rule": _step_order_rule(),
+        "message": "rollout step weights must strictly increase, e.g. 5, 25, 50",
+    },
+]
+
 # Cross-field rules, keyed by the path of the schema node they sit on (below the object root).
 RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("spec",): [
@@ -52,20 +80,14 @@ RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "rule": "!has(self.replicas) || self.replicas >= 0",
             "message": "spec.replicas must be 0 or more",
         },
-    ],
-    ("spec", "model"): [
         {
-            "rule": "!self.source.startsWith('hf://') || "
-            "(has(self.revision) && self.revision.matches('^[0-9a-f]{40}$'))",
-            "message": "hf:// sources must pin spec.model.revision to a full 40-character lowercase hex "
-            "commit SHA; branches and tags are not immutable",
-        },
-        {
-            "rule": "!(self.source.startsWith('pvc://') || self.source.startsWith('file://')) || has(self.digest)",
-            "message": "pvc:// and file:// sources need spec.model.digest (sha256:...); "
-            "compute it with `folio digest PATH`",
+            "rule": "!has(self.adapters) || !has(self.model.servedName) || "
+            "self.adapters.all(a, a.name != self.model.servedName)",
+            "message": "an adapter may not be named like the base model's served name (spec.model.servedName)",
         },
     ],
+    ("spec", "model"): _pin_rules("spec.model"),
+    ("spec", "adapters", "items"): _pin_rules("spec.adapters[]"),
     ("spec", "router"): [
         {
             "rule": "!has(self.replicas) || self.replicas >= 0",
@@ -82,21 +104,15 @@ RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "spec.autoscaling.target for KVCache is a fraction of the KV cache, in (0, 1]",
         },
     ],
-    ("spec", "rollout", "steps"): [
-        {
-            "rule": "self.all(s, s.weight >= 1 && s.weight <= 99)",
-            "message": "every rollout step weight must be between 1 and 99 (100% follows the last step)",
-        },
-        {
-            "rule": _step_order_rule(),
-            "message": "rollout step weights must strictly increase, e.g. 5, 25, 50",
-        },
-    ],
+    ("spec", "rollout", "steps"): _STEP_RULES,
+    ("spec", "adapters", "items", "rollout", "steps"): _STEP_RULES,
 }
 
 # Extra schema keywords the models do not carry.
 EXTRAS: dict[tuple[str, ...], Schema] = {
     ("status", "conditions"): {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    # the API server refuses two adapters with one name
+    ("spec", "adapters"): {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -214,7 +230,7 @@ def _ordered(schema: Schema) -> Schema:
 
 def _at(schema: Schema, path: tuple[str, ...]) -> Schema:
     for part in path:
-        schema = schema["properties"][part]
+        schema = schema["items"] if part == "items" else schema["properties"][part]
     return schema
 
 

@@ -9,7 +9,10 @@
    alone would promote it) and is stopped by the parity gate before it takes any traffic; its
    parity report is printed;
 4. a healthy revision (different engine args) passes the gate and is promoted through every step;
-5. a summary table; `folio up` is stopped with SIGINT and no process is left.
+5. a LoRA adapter made with peft joins the running engine (no restart, no new base revision) and answers
+   under its own name; a revision of it that answers errors (`folio-fault.json`) is rolled back on its
+   own under steady load, while the base model keeps serving;
+6. a summary table; `folio up` is stopped with SIGINT and no process is left.
 
 Exit code 0 when all of that happened as it should. Intervals are short (stated in the manifest)
 so the whole run takes a few minutes on a laptop CPU.
@@ -34,6 +37,7 @@ from rich.text import Text
 from folio.engine.digest import compute_digest
 from folio.operator.local.supervisor import free_port
 from folio.operator.testing.load import LoadGenerator
+from folio.operator.testing.lora import gguf_model, make_adapter, with_fault
 from folio.operator.testing.smollm2 import smollm2_gguf
 from folio.operator.testing.up import UpProcess, write_manifest
 
@@ -59,7 +63,11 @@ ROLLOUT = {
     # every canary answers the first 40 prompts of the default suite as stable does before step 1
     "parity": {"prompts": 40, "maxTokens": 8},
 }
-BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8}
+# LoRA on from the start, so that adding an adapter later is no new base revision; faultAdapterFiles lets an
+# adapter revision carry a fault file (step 5's faulty revision): a test aid `folio up` runs, a cluster refuses
+BASE_ARGS = {"maxModelLen": 1024, "maxNumSeqs": 8, "enableLora": True, "faultAdapterFiles": True}
+ADAPTER = "sql-helper"
+ADAPTER_ROLLOUT = {**ROLLOUT, "steps": [{"weight": 50, "pause": "20s"}], "parity": {"prompts": 20, "maxTokens": 8}}
 
 console = Console(highlight=False, emoji=False)  # what it quotes (answers, messages) is printed as it is
 
@@ -94,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port or free_port()
     digest = compute_digest(gguf)
 
-    def manifest(tag: str, extra: dict[str, Any] | None = None) -> Path:
+    def manifest(tag: str, extra: dict[str, Any] | None = None, adapter: Path | None = None) -> Path:
+        adapters = [{"name": ADAPTER, "source": f"file://{adapter}", "digest": compute_digest(adapter),
+                     "rollout": ADAPTER_ROLLOUT}] if adapter is not None else None
         return write_manifest(
             work / f"{tag}.yaml", name=NAME, model=gguf, digest=digest,
-            args={**BASE_ARGS, **(extra or {})}, rollout=ROLLOUT,
+            args={**BASE_ARGS, **(extra or {})}, rollout=ROLLOUT, adapters=adapters,
         )  # fmt: skip
 
     v1, faulty, noisy, healthy = (
@@ -106,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         manifest("v3-noisy", {"faultLogitNoise": 1.0}),
         manifest("v4", {"maxNumSeqs": 16}),
     )
+    say("making a LoRA adapter for SmolLM2 with peft (step 5), and a revision of it that answers errors")
+    sql_v1 = make_adapter(gguf_model(gguf), work / "sql-helper-v1", r=8, target_modules=["q_proj", "v_proj"],
+                          std=0.02)
+    adapters = (manifest("v5-adapter", {"maxNumSeqs": 16}, adapter=sql_v1),
+                manifest("v6-adapter-faulty", {"maxNumSeqs": 16},
+                         adapter=with_fault(sql_v1, work / "sql-helper-v2-faulty", error_rate=0.5)))
     heading("Folio demo")
     say(f"model: {e(gguf.name)} pinned to {digest}")
     say(f"manifests, state and logs in {e(str(work))} (folio up's own log: {e(str(work / 'up.log'))})")
@@ -114,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     up = UpProcess(v1, port=port, state_dir=work / ".folio", log=work / "up.log")
     results: dict[str, Any] = {}
     try:
-        ok = _run(up, faulty, noisy, healthy, results)
+        ok = _run(up, faulty, noisy, healthy, adapters, results)
     except (TimeoutError, RuntimeError) as exc:
         console.print(f"[red]demo failed:[/] {e(str(exc))}")
         ok = False
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[yellow]interrupted[/]")
         ok = False
     finally:
-        heading("5. Stopping")
+        heading("6. Stopping")
         say("SIGINT to folio up: it drains the router, then every engine")
         code = up.stop()
         say(f"folio up exited with {code}; no process left behind")
@@ -132,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok and code == 0 else 1
 
 
-def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, results: dict[str, Any]) -> bool:
+def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, adapters: tuple[Path, Path],
+         results: dict[str, Any]) -> bool:
     heading("1. Serving SmolLM2 through the router")
     t0 = time.monotonic()
     snap = up.wait_for(lambda s: s["status"].get("phase") == "Ready", 300, "the first revision serving")
@@ -161,17 +178,58 @@ def _run(up: UpProcess, faulty: Path, noisy: Path, healthy: Path, results: dict[
         console.print(parity_table(NAME, InferenceServiceStatus.model_validate(up.status()["status"])))
         heading("4. A healthy revision (maxNumSeqs 8 → 16)")
         results["healthy"] = _rollout(up, load, healthy, expect="promote")
+        heading(f"5. A LoRA adapter, {ADAPTER}, beside the base model")
+        results["adapter"] = _adapter(up, client, load, *adapters)
     return all(r["ok"] for r in results.values())
 
 
-def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str) -> dict[str, Any]:
-    """Apply ``manifest`` and narrate the canary until it is promoted or rolled back."""
+def _adapter(up: UpProcess, client: Any, load: LoadGenerator, added: Path, faulty: Path) -> dict[str, Any]:
+    """Add the adapter (loaded by the running engine), ask it a question, then roll a faulty revision of it
+    out under steady load on the adapter: rolled back for the adapter alone."""
     import yaml
 
+    before = up.status()
+    pids = {group: p["pids"] for group, p in before["processes"].items()}
+    applied = up.client.apply(yaml.safe_load(added.read_text()))
+    say(f"applied {e(added.name)}: the base revision stays {e(applied['revision'])}; the engine loads the adapter")
+
+    def adapter(s: dict[str, Any]) -> dict[str, Any]:
+        return next((a for a in s["status"].get("adapters", []) if a["name"] == ADAPTER), {})
+
+    snap = up.wait_for(lambda s: bool(adapter(s).get("traffic")), 120, f"{ADAPTER} serving")
+    restarted = pids != {group: p["pids"] for group, p in snap["processes"].items()}
+    say(f"{e(ADAPTER)} revision {e(adapter(snap)['stableRevision'])} serves; engine processes "
+        f"{'[red]restarted[/]' if restarted else 'unchanged (no restart)'}")
+    q = QUESTIONS[0]
+    reply = client.chat.completions.create(
+        model=ADAPTER, messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0)
+    answer = (reply.choices[0].message.content or "").strip().replace("\n", " ")
+    console.print(f"  [bold]Q ({e(reply.model)}):[/] {e(q)}\n  [bold]A:[/] {e(answer)}")
+    with LoadGenerator(up.router_url, ADAPTER, concurrency=2, max_tokens=4) as adapter_load:
+        result = _rollout(up, adapter_load, faulty, expect="rollback", adapter=ADAPTER)
+    base = load.snapshot()
+    result["ok"] = result["ok"] and not restarted and base.failed == 0
+    return result
+
+
+def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str,
+             adapter: str | None = None) -> dict[str, Any]:
+    """Apply ``manifest`` and narrate the canary (the base revisions', or ``adapter``'s) until it is promoted
+    or rolled back."""
+    import yaml
+
+    from folio.operator.spec import InferenceServiceSpec, adapter_revision_name
+
+    doc = yaml.safe_load(manifest.read_text())
     before = load.snapshot()
-    applied = up.client.apply(yaml.safe_load(manifest.read_text()))
+    applied = up.client.apply(doc)
     rev = applied["revision"]
-    say(f"applied {e(manifest.name)}: revision {e(rev)} starts as a canary")
+    steps = ROLLOUT["steps"]
+    if adapter is not None:  # an adapter's rollout: the same fields, in status.adapters[]
+        pinned = next(a for a in InferenceServiceSpec.model_validate(doc["spec"]).adapters if a.name == adapter)
+        rev, steps = adapter_revision_name(pinned), ADAPTER_ROLLOUT["steps"]
+    whose = f"adapter {adapter} " if adapter else ""
+    say(f"applied {e(manifest.name)}: {e(whose)}revision {e(rev)} starts as a canary")
     t_apply = time.monotonic()
     seen_step = -1
     first_fail: float | None = None
@@ -182,6 +240,8 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
     deadline = t_apply + 300
     while time.monotonic() < deadline:
         st = up.status()["status"]
+        if adapter is not None:
+            st = next((a for a in st.get("adapters", []) if a["name"] == adapter), {})
         canary = st.get("canary") or {}
         if st.get("canaryRevision") == rev and not loading_said:
             loading_said = True
@@ -195,7 +255,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         ):
             seen_step, max_weight = canary["step"], max(max_weight, canary["weight"])
             say(
-                f"step {seen_step + 1}/{len(ROLLOUT['steps'])}: canary {e(rev)} takes {canary['weight']}% of traffic"
+                f"step {seen_step + 1}/{len(steps)}: canary {e(rev)} takes {canary['weight']}% of traffic"
             )
         failed = [f for f in st.get("failedRevisions", []) if f["revision"] == rev]
         # the sample that ends a rollback is kept in failedRevisions, no longer in status.canary
@@ -215,7 +275,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
             break
         if st.get("stableRevision") == rev and st.get("traffic") == [{"revision": rev, "weight": 100}]:
             outcome = "promoted"
-            say(f"[green]promoted[/]: revision {e(rev)} is stable with 100% of traffic")
+            say(f"[green]promoted[/]: {e(whose)}revision {e(rev)} is stable with 100% of traffic")
             break
         time.sleep(0.25)
     done = time.monotonic()
@@ -226,6 +286,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
     rate = sum(e for _, e in samples.values()) / canary_requests if canary_requests else None
     result = {
         "revision": rev,
+        "of_steps": len(steps),
         "outcome": outcome or "timed out",
         "max_weight": max_weight,
         "steps": seen_step + 1,
@@ -243,7 +304,7 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
         say(f"{result['requests']} client requests during this rollout, [green]0 failed[/]")
     wanted = "rolled back" if expect == "rollback" else "promoted"
     result["ok"] = (
-        outcome == wanted and errors == 0 and (expect == "rollback" or seen_step + 1 == len(ROLLOUT["steps"]))
+        outcome == wanted and errors == 0 and (expect == "rollback" or seen_step + 1 == len(steps))
     )
     return result
 
@@ -251,14 +312,14 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str)
 def _summary(results: dict[str, Any]) -> None:
     heading("Summary")
     labels = {"faulty": "faulty (--fault-error-rate 0.3)", "noisy": "noisy (--fault-logit-noise 1.0)",
-              "healthy": "healthy (maxNumSeqs 8 → 16)"}
+              "healthy": "healthy (maxNumSeqs 8 → 16)", "adapter": f"adapter {ADAPTER} (errors 50%)"}
     table = Table()
     table.add_column("")
     for key, r in results.items():
         table.add_column(Text(f"{labels[key]}\nrevision {r['revision']}"))
     rows: list[tuple[str, Any]] = [
         ("outcome", lambda r: Text(r["outcome"], style="green" if r["ok"] else "red")),
-        ("steps reached", lambda r: f"{r['steps']}/{len(ROLLOUT['steps'])} (up to {r['max_weight']}% of traffic)"),
+        ("steps reached", lambda r: f"{r['steps']}/{r['of_steps']} (up to {r['max_weight']}% of traffic)"),
         ("canary analyses", lambda r: f"{r['samples']} ({r['canary_requests']} canary requests)"),
         ("canary error rate", lambda r: f"{r['error_rate']:.1%}" if r["error_rate"] is not None else "-"),
         ("first failing analysis → 100% stable",

@@ -13,6 +13,10 @@ ISVC = "isvc"
 REVISION = "revision"
 CODE = "code"  # the upstream's HTTP status, "error" when it never answered, "timeout" when too late
 TIMEOUT = "timeout"  # the code of an attempt that timed out (router/timeouts.py)
+# Requests, their duration and time to first token also by adapter: the `model` a request named when it is
+# one of spec.adapters, and the adapter revision the router sent it to ("" and "" for the base model).
+ADAPTER = "adapter"
+ADAPTER_REVISION = "adapter_revision"
 
 # Upstream attempts by revision and outcome: requests and errors of the analysis.
 REQUESTS = "folio_router_requests_total"

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -105,7 +105,11 @@ class SecretKeyRef(Model):
     key: str = Field(default="token", min_length=1, description="Key inside the Secret.")
 
 
-class ModelSource(Model):
+class PinnedSource(Model):
+    """Files pinned to an immutable revision: a model's weights, or an adapter's."""
+
+    _what: ClassVar[str] = "model"  # how the pinning rules name the fields: model.revision, adapter.revision
+
     source: str = Field(
         description="Where the weights come from: hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH "
         "(file:// only for the local runtime).",
@@ -121,9 +125,6 @@ class ModelSource(Model):
         "required for pvc:// and file://, recorded and enforced for hf:// when given.",
         pattern=DIGEST_RE.pattern,
     )
-    served_name: str | None = Field(
-        default=None, description="Model name clients send; defaults to the InferenceService's name."
-    )
     credentials_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Hub token used by the pre-pull only; never logged or passed to pods."
     )
@@ -133,17 +134,23 @@ class ModelSource(Model):
         return self.source.split("://", 1)[0]
 
     @model_validator(mode="after")
-    def _pinned(self) -> ModelSource:
+    def _pinned(self) -> Self:
         if self.scheme == "hf" and not (self.revision and COMMIT_RE.match(self.revision)):
             raise ValueError(
-                "hf:// sources must pin model.revision to a full 40-character lowercase hex commit SHA "
+                f"hf:// sources must pin {self._what}.revision to a full 40-character lowercase hex commit SHA "
                 f"(got {self.revision!r}); branches and tags are not immutable"
             )
         if self.scheme in ("pvc", "file") and not self.digest:
             raise ValueError(
-                f"{self.scheme}:// sources need model.digest (sha256:…); compute it with `folio digest PATH`"
+                f"{self.scheme}:// sources need {self._what}.digest (sha256:…); compute it with `folio digest PATH`"
             )
         return self
+
+
+class ModelSource(PinnedSource):
+    served_name: str | None = Field(
+        default=None, description="Model name clients send; defaults to the InferenceService's name."
+    )
 
 
 class ResourceRequirements(Model):
@@ -454,6 +461,32 @@ class NetworkPolicySpec(Model):
     )
 
 
+# Adapters per InferenceService at most (bounded so the API server can cost the CRD's CEL rules).
+MAX_ADAPTERS = 64
+# An adapter's name is the `model` clients send: no spaces, no '@' (Folio's engines know each adapter
+# revision as `NAME@REVISION`, `adapter_engine_name`).
+ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:/-]{0,126}[A-Za-z0-9])?$")
+
+
+class AdapterSpec(PinnedSource):
+    """A LoRA adapter served beside the base model: pinned, pre-pulled, and rolled out on its own."""
+
+    _what: ClassVar[str] = "adapter"
+
+    name: str = Field(
+        max_length=128, pattern=ADAPTER_NAME_RE.pattern,
+        description="The `model` clients send to use the adapter; unique, and not the base model's served name.",
+    )  # fmt: skip
+    rollout: RolloutSpec | None = Field(
+        default=None, description="How a new revision of this adapter rolls out; unset: spec.rollout."
+    )
+
+    def pin(self) -> ModelSource:
+        """The adapter's files as the pre-pull fetches them."""
+        return ModelSource(source=self.source, revision=self.revision, digest=self.digest,
+                           credentials_secret_ref=self.credentials_secret_ref)
+
+
 class InferenceServiceSpec(Model):
     model: ModelSource
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -467,6 +500,27 @@ class InferenceServiceSpec(Model):
     overflow: OverflowSpec | None = None
     shadow: ShadowSpec | None = None
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS,
+        description="LoRA adapters served on the base model's replicas, each pinned and rolled out on its own; "
+        "adding one, or changing its revision, restarts no pod (see enableLora).",
+    )  # fmt: skip
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
+        names = [a.name for a in adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapter names must be unique: {', '.join(twice)} given more than once")
+        return adapters
+
+    @model_validator(mode="after")
+    def _adapter_names(self) -> InferenceServiceSpec:
+        served = self.model.served_name
+        if served is not None and any(a.name == served for a in self.adapters):
+            raise ValueError(f"adapter {served!r} is named like the base model's served name (spec.model.servedName)")
+        return self
 
 
 # --------------------------------------------------------------------------- status
@@ -481,6 +535,7 @@ class Lenient(Model):
 ConditionType = Literal["Ready", "Progressing", "Degraded", "WeightsReady"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 RevisionRole = Literal["Stable", "Canary", "Retiring", "Failed", "Superseded"]
+RUNNING_ROLES: tuple[RevisionRole, ...] = ("Stable", "Canary", "Retiring")  # the roles whose revisions run
 
 
 class Condition(Lenient):
@@ -596,7 +651,9 @@ class AutoscalingStatus(Lenient):
     keda: bool | None = None  # True: KEDA's ScaledObjects scale (`autoscaling.keda`), nothing above is Folio's
 
 
-class InferenceServiceStatus(Lenient):
+class RolloutStatus(Lenient):
+    """Where the rollout of one thing stands: the InferenceService's base revisions, or one adapter's."""
+
     observed_generation: int | None = None
     phase: str | None = None  # human summary: Pending, WeightsPending, Canary, Promoted, RolledBack, Ready
     stable_revision: str | None = None
@@ -606,7 +663,6 @@ class InferenceServiceStatus(Lenient):
     canary: CanaryStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     revisions: list[RevisionStatus] = Field(default_factory=list)
-    autoscaling: AutoscalingStatus | None = None
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -622,6 +678,21 @@ class InferenceServiceStatus(Lenient):
         """
         canary = self.canary_revision
         return canary if any(t.revision == canary and t.weight > 0 for t in self.traffic) else None
+
+
+class AdapterStatus(RolloutStatus):
+    """One adapter's rollout (`folio.operator.rollout.adapters`): its revisions' ``model`` is the adapter's
+    pin, their ``readyReplicas`` the engine replicas that have loaded them."""
+
+    name: str
+
+
+class InferenceServiceStatus(RolloutStatus):
+    autoscaling: AutoscalingStatus | None = None
+    adapters: list[AdapterStatus] = Field(default_factory=list)
+
+    def adapter(self, name: str) -> AdapterStatus | None:
+        return next((a for a in self.adapters if a.name == name), None)
 
 
 class InferenceService(Model):
@@ -642,6 +713,15 @@ class InferenceService(Model):
 # ------------------------------------------------------------------- revision identity
 
 
+def engine_args(spec: InferenceServiceSpec) -> dict[str, EngineArgValue]:
+    """`spec.engine.args` as the engines run them: with adapters, `enableLora` unless the spec says otherwise
+    (the operator sets it itself). A service without adapters keeps its args, and so its revision."""
+    args = dict(spec.engine.args)
+    if spec.adapters:
+        args.setdefault("enableLora", True)
+    return args
+
+
 def new_revision(spec: InferenceServiceSpec, role: RevisionRole, created_at: str) -> RevisionStatus:
     """The spec's revision as status remembers it: everything needed to keep running it after the
     spec has moved on (the identity fields of `revision_name`, with the whole model source)."""
@@ -650,24 +730,31 @@ def new_revision(spec: InferenceServiceSpec, role: RevisionRole, created_at: str
         role=role,
         model=spec.model.model_copy(deep=True),
         image=spec.engine.image,
-        args=dict(spec.engine.args),
+        args=engine_args(spec),
         created_at=created_at,
     )
 
 
 def revision_name(spec: InferenceServiceSpec) -> str:
-    """Short stable hash of what makes a revision: model source, revision, digest, engine image and args.
+    """Short stable hash of what makes a revision: model source, revision, digest, engine image and args
+    (`engine_args`: the first adapter turns LoRA on, a new revision unless `enableLora` was set already).
 
-    Replicas, rollout settings, routing and scheduling fields are deliberately not part of it, so
+    Replicas, rollout settings, routing, scheduling fields and adapters are deliberately not part of it, so
     changing them updates the current revision in place.
     """
-    identity = {
-        "source": spec.model.source,
-        "revision": spec.model.revision,
-        "digest": spec.model.digest,
-        "image": spec.engine.image,
-        "args": spec.engine.args,
-    }
+    return _identity(spec.model, spec.engine.image, engine_args(spec))
+
+
+def adapter_revision_name(adapter: AdapterSpec) -> str:
+    """The same hash for an adapter's revision: its pin alone (`ADAPTER_IMAGE`, no args)."""
+    return _identity(adapter, ADAPTER_IMAGE, {})
+
+
+ADAPTER_IMAGE = ""  # an adapter revision's `image`: it runs in its base revision's engines
+
+
+def _identity(pin: PinnedSource, image: str, args: Mapping[str, EngineArgValue]) -> str:
+    identity = {"source": pin.source, "revision": pin.revision, "digest": pin.digest, "image": image, "args": args}
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

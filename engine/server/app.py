@@ -154,7 +154,7 @@ def _add_lora_updating(app: FastAPI, serving: OpenAIServing) -> None:
 
     @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> PlainTextResponse:
-        await serving.loras.load(body.lora_name, body.lora_path, body.digest)
+        await serving.loras.load(body.lora_name, body.lora_path, body.digest, body.served_name)
         return PlainTextResponse(success_message("added", body.lora_name))
 
     @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)

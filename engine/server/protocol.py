@@ -341,6 +341,11 @@ class LoadLoRAAdapterRequest(_Request):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
     digest: str | None = Field(None, description="Folio's: sha256:… the adapter's files must match (`folio digest`).")
+    served_name: str | None = Field(
+        None, min_length=1,
+        description="Folio's: the `model` answers name (default lora_name); Folio loads each adapter revision as "
+        "NAME@REVISION and has it answer as NAME, so that clients never see which revision answered.",
+    )  # fmt: skip
 
 
 class UnloadLoRAAdapterRequest(_Request):

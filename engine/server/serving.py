@@ -54,6 +54,7 @@ class ServingConfig:
     enable_lora: bool = False  # serve adapters: a request's model may name one (`folio.engine.server.lora`)
     max_loras: int = 1  # adapters active at once on the device (the lora info metric's max_lora)
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    fault_adapter_files: bool = False  # test aid: adapters with a fault file answer errors (`adapter_faults`)
 
 
 class OpenAIServing:
@@ -64,7 +65,8 @@ class OpenAIServing:
         self.vocab_size: int | None = getattr(engine.engine.model_config, "vocab_size", None)
         # the adapters loaded before serving (`folio serve --lora-modules`) are the engine's already
         loaded = engine.engine.list_loras() if config.enable_lora else []
-        self.loras = LoRARegistry(engine, config.served_model_name, enabled=config.enable_lora, loaded=loaded)
+        self.loras = LoRARegistry(engine, config.served_model_name, enabled=config.enable_lora, loaded=loaded,
+                                  fault_files=config.fault_adapter_files)
 
     # ------------------------------------------------------------------ checks
 
@@ -79,7 +81,7 @@ class OpenAIServing:
 
     def model_name(self, lora: LoRARequest | None) -> str:
         """The ``model`` an answer names: the adapter's, else the served model's."""
-        return lora.lora_name if lora is not None else self.config.served_model_name
+        return self.loras.served_name(lora) if lora is not None else self.config.served_model_name
 
     def check_capacity(self, new_sequences: int) -> None:
         """503 when ``new_sequences`` more would take the engine's queue past --max-queued-requests
@@ -109,6 +111,8 @@ class OpenAIServing:
         any), this server's --max-n; and what it does not serve. The fields' own ranges were checked as the
         body was read (`protocol`)."""
         lora = self.check_model(req.model)
+        if lora is not None:  # the API's requests only: like --fault-error-rate, the parity gate's take no fault
+            self.loras.check_fault(lora)
         rules.Bound(1, self.config.max_n, integer=True, note=" (--max-n)").check("n", req.n)
         if req.logit_bias:
             raise bad_request("logit_bias is not supported.", param="logit_bias", code=ErrorCode.UNSUPPORTED_PARAMETER)

@@ -20,8 +20,9 @@ from folio.operator.spec import AnalysisSample, AnalysisSpec
 class RouterScrapes:
     """Keeps each router pod's previous scrape and turns new scrapes into interval windows."""
 
-    def __init__(self, isvc: str) -> None:
+    def __init__(self, isvc: str, adapter: str | None = None) -> None:
         self.isvc = isvc
+        self.adapter = adapter  # the windows of this adapter's revisions (None: the base revisions')
         self._previous: dict[str, Snapshot] = {}
 
     def ingest(self, texts: Mapping[str, str]) -> tuple[Snapshot, list[str]]:
@@ -29,7 +30,7 @@ class RouterScrapes:
         windows, notes = [], []
         for url, text in texts.items():
             try:
-                current = parse_router_metrics(text, self.isvc)
+                current = parse_router_metrics(text, self.isvc, self.adapter)
             except ValueError as exc:
                 notes.append(f"unreadable metrics from router {url}: {exc}")
                 continue

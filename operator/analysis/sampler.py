@@ -19,13 +19,13 @@ import httpx
 
 from folio.operator.analysis.prometheus import prometheus_sample
 from folio.operator.analysis.router_scrape import RouterScrapes, scrape_routers
-from folio.operator.spec import AnalysisSample, AnalysisSpec, InferenceServiceStatus, as_utc
+from folio.operator.spec import AnalysisSample, AnalysisSpec, RolloutStatus, as_utc
 
 
 class IntervalSampler:
-    def __init__(self, isvc: str) -> None:
+    def __init__(self, isvc: str, adapter: str | None = None) -> None:
         self.isvc = isvc
-        self.scrapes = RouterScrapes(isvc)
+        self.scrapes = RouterScrapes(isvc, adapter)  # an adapter's: its revisions' series (status is its own)
         self._next: datetime | None = None  # when the next sample is due
         self._canary: str | None = None  # the serving canary the deadlines count from
 
@@ -41,7 +41,7 @@ class IntervalSampler:
         self._next = following if now < following <= now + interval else now + interval
         return True
 
-    def restart(self, spec: AnalysisSpec, status: InferenceServiceStatus, now: datetime) -> None:
+    def restart(self, spec: AnalysisSpec, status: RolloutStatus, now: datetime) -> None:
         """Call after each decision: a canary that has just started taking traffic gets its first
         sample one whole interval from ``now``."""
         canary = status.serving_canary
@@ -49,7 +49,7 @@ class IntervalSampler:
             self._next = as_utc(now) + timedelta(seconds=spec.interval_seconds)
         self._canary = canary
 
-    def requeue(self, requeue_after: float | None, status: InferenceServiceStatus, now: datetime) -> float | None:
+    def requeue(self, requeue_after: float | None, status: RolloutStatus, now: datetime) -> float | None:
         """When to look again: the decision's ``requeue_after``, or sooner when a serving canary's next
         sample is due."""
         due = self.until_due(now) if status.serving_canary is not None else None
@@ -68,7 +68,7 @@ class IntervalSampler:
         client: httpx.AsyncClient,
         router_urls: Sequence[str],
         *,
-        status: InferenceServiceStatus,
+        status: RolloutStatus,
         spec: AnalysisSpec,
         now: datetime,
     ) -> AnalysisSample | None:

@@ -44,26 +44,33 @@ class RevisionWindow:
 Snapshot = dict[str, RevisionWindow]  # revision -> counters
 
 
-def parse_router_metrics(text: str, isvc: str) -> Snapshot:
-    """The per-revision counters of ``isvc`` in one router's Prometheus text exposition."""
+def parse_router_metrics(text: str, isvc: str, adapter: str | None = None) -> Snapshot:
+    """The per-revision counters of ``isvc`` in one router's Prometheus text exposition: every request's by
+    base revision, or (``adapter``) that adapter's requests' by adapter revision."""
     snap: Snapshot = defaultdict(RevisionWindow)
+    key = m.REVISION if adapter is None else m.ADAPTER_REVISION
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = s.labels
-            if labels.get(m.ISVC) != isvc or m.REVISION not in labels:
+            if labels.get(m.ISVC) != isvc or not labels.get(key):
                 continue
-            rev = snap[labels[m.REVISION]]
+            if adapter is not None and labels.get(m.ADAPTER) != adapter:
+                continue
+            rev = snap[labels[key]]
             if s.name == m.REQUESTS:
-                code = labels.get(m.CODE, "")
-                rev.codes[code] = rev.codes.get(code, 0.0) + s.value
+                _add(rev.codes, labels.get(m.CODE, ""), s.value)
             elif s.name == f"{m.DURATION}_bucket":
-                rev.duration[float(labels["le"])] = s.value
+                _add(rev.duration, float(labels["le"]), s.value)
             elif s.name == f"{m.TTFT}_bucket":
-                rev.ttft[float(labels["le"])] = s.value
+                _add(rev.ttft, float(labels["le"]), s.value)
             elif s.name == m.SHADOW_COMPARISONS:
-                result = labels.get(m.RESULT, "")
-                rev.shadow[result] = rev.shadow.get(result, 0.0) + s.value
+                _add(rev.shadow, labels.get(m.RESULT, ""), s.value)
     return dict(snap)
+
+
+def _add(counts: dict, key: object, value: float) -> None:
+    """Series that differ only in labels this window does not keep (a revision's adapters) add up."""
+    counts[key] = counts.get(key, 0.0) + value
 
 
 def _parts(w: RevisionWindow) -> tuple[dict, dict, dict, dict]:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import httpx
 import kopf
@@ -136,6 +136,10 @@ class ClusterRuntime:
     def capacity(self, status: InferenceServiceStatus) -> Capacity:
         ready, starting, metrics_urls = engine_capacity(self.children, self.isvc.name, status)
         return Capacity(ready, starting, metrics_urls, asked=SCALE_UP_ANNOTATION in self.isvc.annotations)
+
+    def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
+        # never asked: a cluster refuses spec.adapters (`validate.CLUSTER`) until the operator pre-pulls them
+        return "pending", "adapters are not pre-pulled in a cluster yet"
 
     def replica_urls(self, revision: str) -> Sequence[str]:
         return [self.replica_url(self.isvc.namespace, self.isvc.name, revision)]

@@ -16,13 +16,15 @@ WHAT = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
+    parser.add_argument("--adapter", metavar="ADAPTER", help="act on this adapter's rollout (spec.adapters[].name) "
+                        "instead of the base revisions'")
 
 
 def main(args: argparse.Namespace) -> int:
     from folio.operator.local.client import ControlError
     from folio.operator.local.target import ClusterError, fail, resolve_target
 
-    override = args.command
+    override, adapter = args.command, args.adapter
     try:
         target = resolve_target(args)
         if target.client is not None:
@@ -32,10 +34,13 @@ def main(args: argparse.Namespace) -> int:
                     override,
                     f"the local `folio up` runs {snapshot['name']!r}, not {args.name!r} (--kubernetes for a cluster)",
                 )
-            idle = _idle(override, snapshot.get("status"), snapshot.get("spec"))
+            idle = _idle(override, snapshot.get("status"), snapshot.get("spec"), adapter)
             if idle is None:
-                target.client.override(override)
+                target.client.override(override, adapter)
             where = "local"
+        elif adapter is not None:
+            return fail(override, "--adapter: adapters are served by `folio up` only for now (a cluster refuses "
+                                  "spec.adapters)")
         else:
             assert target.cluster is not None
             found = target.cluster.get(args.name)
@@ -47,23 +52,37 @@ def main(args: argparse.Namespace) -> int:
         return fail(override, str(exc))
     if idle is not None:
         return fail(override, f"inferenceservice/{args.name} ({where}): {idle}; nothing was requested")
-    print(f"inferenceservice/{args.name} ({where}): {override} requested; {WHAT[override]}")
+    whose = f", adapter {adapter}" if adapter else ""
+    print(f"inferenceservice/{args.name} ({where}{whose}): {override} requested; {WHAT[override]}")
     return 0
 
 
-def _idle(override: str, status: object, spec: object) -> str | None:
-    """What the rollout would say on ignoring ``override`` for this status and spec (wire forms), or None."""
+def _idle(override: str, status: object, spec: object, adapter: str | None = None) -> str | None:
+    """What the rollout would say on ignoring ``override`` for this status and spec (wire forms), or None;
+    ``adapter``: for that adapter's rollout."""
     from pydantic import ValidationError
 
     from folio.operator.rollout.types import nothing_to_act_on
-    from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus, revision_name
+    from folio.operator.spec import (
+        InferenceServiceSpec,
+        InferenceServiceStatus,
+        RolloutStatus,
+        adapter_revision_name,
+        revision_name,
+    )
 
     try:
-        parsed = InferenceServiceStatus.model_validate(status) if status else None
+        parsed: RolloutStatus | None = InferenceServiceStatus.model_validate(status) if status else None
     except ValidationError:
         return None  # a status this version cannot read: let the operator decide
     try:
-        target = revision_name(InferenceServiceSpec.model_validate(spec))
+        model = InferenceServiceSpec.model_validate(spec)
     except ValidationError:
-        target = None
-    return nothing_to_act_on(override, parsed, target)
+        model = None
+    if adapter is None:
+        return nothing_to_act_on(override, parsed, revision_name(model) if model else None)
+    pinned = next((a for a in model.adapters if a.name == adapter), None) if model else None
+    if model is not None and pinned is None:
+        return f"the spec has no adapter {adapter!r}"
+    mine = parsed.adapter(adapter) if isinstance(parsed, InferenceServiceStatus) else None
+    return nothing_to_act_on(override, mine, adapter_revision_name(pinned) if pinned else None)

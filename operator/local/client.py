@@ -37,8 +37,9 @@ class LocalClient:
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/apply", json={"manifest": manifest})
 
-    def override(self, name: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/overrides/{name}")
+    def override(self, name: str, adapter: str | None = None) -> dict[str, Any]:
+        """Ask for ``name`` (promote, abort, retry) on the service's rollout, or on ``adapter``'s."""
+        return self._call("POST", f"/v1/overrides/{name}", params={"adapter": adapter} if adapter else None)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:

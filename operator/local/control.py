@@ -81,9 +81,15 @@ def build_app(runtime: LocalRuntime, token: str) -> FastAPI:
             raise HTTPException(400, str(exc)) from None
 
     @app.post("/v1/overrides/{override}", status_code=202)
-    async def override(override: str) -> dict[str, Any]:
+    async def override(override: str, adapter: str | None = None) -> dict[str, Any]:
         if override not in OVERRIDES:
             raise HTTPException(404, f"unknown override {override!r}; use one of {', '.join(OVERRIDES)}")
+        if adapter is not None:  # one adapter's rollout (`folio.operator.rollout.adapters`)
+            names = [a.name for a in runtime.spec.adapters]
+            if adapter not in names:
+                raise HTTPException(404, f"no adapter {adapter!r} in the spec; it serves {', '.join(names) or 'none'}")
+            runtime.request_override(f"{override}@{adapter}")
+            return {"override": override, "adapter": adapter, "accepted": True}
         runtime.request_override(override)
         return {"override": override, "accepted": True}
 

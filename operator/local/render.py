@@ -51,6 +51,9 @@ def status_table(
             )
         parts.append(Text(line))
 
+    if status.adapters:
+        parts.append(adapters_table(status))
+
     if status.autoscaling is not None:
         auto = status.autoscaling
         parts.append(Text(f"autoscaling ({auto.metric}): {auto.current_replicas} ready, {auto.desired_replicas} desired; "
@@ -73,3 +76,31 @@ def status_table(
             failed.add_row(Text(f.revision), Text(f.reason), Text(f.at), Text(f.message))
         parts.append(failed)
     return Group(*parts)
+
+
+def adapters_table(status: InferenceServiceStatus) -> Table:
+    """Each adapter's revisions: role, traffic, replicas holding it; then its phase and what it waits for."""
+    table = Table(title="adapters", title_justify="left", expand=False)
+    for col in ("adapter", "revision", "role", "traffic", "loaded on", "state"):
+        table.add_column(col, justify="right" if col in ("traffic", "loaded on") else "left")
+    for adapter in status.adapters:
+        weights = {t.revision: t.weight for t in adapter.traffic}
+        progressing, degraded = adapter.condition("Progressing"), adapter.condition("Degraded")
+        state = degraded if degraded is not None and degraded.status == "True" else progressing
+        note = f"{adapter.phase or 'Pending'}" + (f": {state.message}" if state is not None and state.status == "True"
+                                                  else "")
+        rows = adapter.revisions or []
+        for i, rev in enumerate(rows):
+            table.add_row(*map(Text, (
+                adapter.name if i == 0 else "",
+                rev.name,
+                rev.role if rev.weights_ready or rev.role == "Failed" else f"{rev.role} (pulling)",
+                f"{weights.get(rev.name, 0)}%",
+                str(rev.ready_replicas),
+                note if i == 0 else "",
+            )))  # fmt: skip
+        if not rows:
+            table.add_row(*map(Text, (adapter.name, "-", "-", "0%", "0", note)))
+        for f in adapter.failed_revisions[-1:]:
+            table.add_row(*map(Text, ("", f.revision, "Failed", "0%", "0", f"{f.reason}: {f.message}")))
+    return table

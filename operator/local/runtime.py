@@ -33,6 +33,7 @@ from folio.operator.parity import SuitePrompt, local_suite
 from folio.operator.prepull import ProgressBar, WeightsError, prepull
 from folio.operator.reconcile import Capacity, Memory, Target, run_pass
 from folio.operator.rollout import Decision, Event, Observed, RevisionFacts
+from folio.operator.serving.adapters import AdapterRevisionPlan
 from folio.operator.serving.plan import RUNNING_ROLES, Placement, RevisionPlan, ServingPlan
 from folio.operator.serving.router import RouterConfig
 from folio.operator.serving.validate import THIS_MACHINE, Site, validate
@@ -40,6 +41,7 @@ from folio.operator.spec import (
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    ModelSource,
     ParitySpec,
     RevisionStatus,
     revision_name,
@@ -90,6 +92,7 @@ class LocalRuntime:
         self.http = httpx.AsyncClient(trust_env=False)
         self.placement = Placement.this_machine(state_dir.cache_dir)
         self.weights: dict[str, Weights] = {}  # by revision (the same weights are hard-linked, not pulled again)
+        self.adapter_files: dict[str, Weights] = {}  # by adapter revision
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._router_doc: dict[str, Any] | None = None
@@ -135,8 +138,9 @@ class LocalRuntime:
         }
 
     def request_override(self, override: str) -> None:
-        if override == "retry":  # failed pre-pulls are tried again too (the file may be fixed now)
+        if override.partition("@")[0] == "retry":  # failed pre-pulls are tried again too (the file may be fixed now)
             self.weights = {k: w for k, w in self.weights.items() if w.state != "failed"}
+            self.adapter_files = {k: w for k, w in self.adapter_files.items() if w.state != "failed"}
         self.saved.overrides.add(override)
         self.dir.save(self.saved)
         self._wake.set()
@@ -197,6 +201,7 @@ class LocalRuntime:
         for task in self._pulls.values():
             task.cancel()
         self.memory.parity.cancel()
+        self.memory.adapters.cancel()
         await self.supervisor.stop_all(order=[ROUTER])
         await self.http.aclose()
         self._say("all processes stopped")
@@ -219,6 +224,10 @@ class LocalRuntime:
             ready_replicas=self.supervisor.ready_count(rev.name),
             crash_looping=self.supervisor.crash_looping(rev.name),
         )
+
+    def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
+        w = self.adapter_files.get(revision) or Weights("pending", "waiting to pre-pull")
+        return w.state, w.message
 
     def router_metrics(self) -> list[str]:
         return [f"{self.router_url}/metrics"]
@@ -282,6 +291,8 @@ class LocalRuntime:
             if group != ROUTER and serving.revision(group) is None:
                 self._say(f"stopping revision {escape(group)}")
                 self.supervisor.remove(group)
+        for pull in serving.adapters.pulls:
+            self._pull_adapter(pull)
         for rev in serving.revisions:
             if rev.pull_weights:
                 self._pull_weights(rev)
@@ -300,12 +311,20 @@ class LocalRuntime:
         """Start the revision's pre-pull once (a verified copy from an earlier run makes it a quick no-op)."""
         if rev.name not in self.weights:
             w = self.weights[rev.name] = Weights("pending", "pre-pulling")
-            self._pulls[rev.name] = asyncio.create_task(self._pull(rev, w))
+            self._pulls[rev.name] = asyncio.create_task(
+                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w))
 
-    async def _pull(self, rev: RevisionPlan, w: Weights) -> None:
-        bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=rev.name)
+    def _pull_adapter(self, rev: AdapterRevisionPlan) -> None:
+        """The same for an adapter revision's files."""
+        if rev.revision not in self.adapter_files:
+            w = self.adapter_files[rev.revision] = Weights("pending", "pre-pulling")
+            what = f"adapter {rev.adapter} revision {rev.revision}"
+            self._pulls[f"adapter {rev.revision}"] = asyncio.create_task(self._pull(what, rev.pin, rev.path, w))
 
-        self._say(escape(f"pre-pulling the weights of revision {rev.name} from {rev.model.source}"))
+    async def _pull(self, what: str, pin: ModelSource, dest: str, w: Weights) -> None:
+        bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=what)
+
+        self._say(escape(f"pre-pulling the {what} from {pin.source}"))
         try:
             with bar as show:
 
@@ -314,14 +333,14 @@ class LocalRuntime:
                         show(phase, done, total)
                     w.message = f"{phase} {done / max(total, 1):.0%} of {total / 2**20:.0f} MiB"  # shown in status
 
-                pulled = await asyncio.to_thread(prepull, rev.model, Path(rev.weights), progress=progress)
+                pulled = await asyncio.to_thread(prepull, pin, Path(dest), progress=progress)
         except (WeightsError, OSError, ValueError) as exc:
             w.state, w.message = "failed", str(exc)
-            self._say(f"[red]weights of revision {escape(rev.name)} failed[/]: {escape(str(exc))}")
+            self._say(f"[red]{escape(what)} failed[/]: {escape(str(exc))}")
         else:
             w.state, w.message = "ready", ""
-            how = "already in the cache" if pulled.reused else f"pulled from {rev.model.source}"
-            self._say(escape(f"weights of revision {rev.name} verified ({pulled.digest}), {how}: {pulled.path}"))
+            how = "already in the cache" if pulled.reused else f"pulled from {pin.source}"
+            self._say(escape(f"{what} verified ({pulled.digest}), {how}: {pulled.path}"))
         self._wake.set()
 
     def _write_router_config(self, config: RouterConfig) -> RouterConfig | None:

@@ -44,23 +44,28 @@ class GateError(RuntimeError):
 
 
 async def fetch_answers(
-    client: httpx.AsyncClient, base_url: str, suite: Sequence[SuitePrompt], max_tokens: int, timeout: float
+    client: httpx.AsyncClient, base_url: str, suite: Sequence[SuitePrompt], max_tokens: int, timeout: float,
+    model: str | None = None,
 ) -> list[ParityAnswer]:
+    """``model``: the model (an adapter) the replica answers as; None: its base model."""
     batches = [suite[i : i + BATCH] for i in range(0, len(suite), BATCH)]
     limit = asyncio.Semaphore(CONCURRENCY)
 
     async def one(batch: Sequence[SuitePrompt]) -> list[ParityAnswer]:
         async with limit:
-            return await _post(client, base_url, batch, max_tokens, timeout)
+            return await _post(client, base_url, batch, max_tokens, timeout, model)
 
     parts = await asyncio.gather(*(one(b) for b in batches))
     return [a for part in parts for a in part]
 
 
 async def _post(
-    client: httpx.AsyncClient, base_url: str, batch: Sequence[SuitePrompt], max_tokens: int, timeout: float
+    client: httpx.AsyncClient, base_url: str, batch: Sequence[SuitePrompt], max_tokens: int, timeout: float,
+    model: str | None,
 ) -> list[ParityAnswer]:
-    body = {"prompts": [p.to_wire() for p in batch], "maxTokens": max_tokens}
+    body: dict[str, object] = {"prompts": [p.to_wire() for p in batch], "maxTokens": max_tokens}
+    if model is not None:
+        body["model"] = model
     url = base_url.rstrip("/") + PATH
     for _ in range(MAX_503_RETRIES):
         try:
@@ -71,7 +76,7 @@ async def _post(
             await asyncio.sleep(_retry_after(r))
             continue
         if r.status_code != 200:
-            raise GateError(f"{url} answered {r.status_code}: {_error_message(r)}")
+            raise GateError(f"{url} answered {r.status_code}: {error_message(r)}")
         return _decode(r, len(batch), url)
     raise GateError(f"{url} stayed overloaded (503) through {MAX_503_RETRIES} tries")
 
@@ -101,7 +106,7 @@ def _retry_after(r: httpx.Response) -> float:
         return 1.0
 
 
-def _error_message(r: httpx.Response) -> str:
+def error_message(r: httpx.Response) -> str:
     try:
         return str(r.json()["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
@@ -118,6 +123,8 @@ async def run_gate(
     revision: str,
     stable_revision: str | None,
     now: Callable[[], str],
+    stable_model: str | None = None,
+    canary_model: str | None = None,
 ) -> ParityReport:
     """The gate's report; never raises for what a replica or the suite did wrong (verdict Error then)."""
     started = time.monotonic()
@@ -136,8 +143,8 @@ async def run_gate(
     try:
         stable, canary = await asyncio.wait_for(
             asyncio.gather(
-                fetch_answers(client, stable_url, suite, spec.max_tokens, per_request),
-                fetch_answers(client, canary_url, suite, spec.max_tokens, per_request),
+                fetch_answers(client, stable_url, suite, spec.max_tokens, per_request, stable_model),
+                fetch_answers(client, canary_url, suite, spec.max_tokens, per_request, canary_model),
             ),
             spec.timeout_seconds,
         )
@@ -196,10 +203,12 @@ def poll_gate(
     *,
     urls: Callable[[str], Sequence[str]],
     load_suite: Callable[[], Awaitable[list[SuitePrompt]]],
+    model: Callable[[str], str | None] = lambda revision: None,
 ) -> ParityReport | None:
     """What the operator's passes and `folio up`'s ticks call: runs the gate that is due (in the
     background) and returns its report once it is done. ``urls`` gives a revision's replica base URLs;
-    ``client`` None: the gate opens (and closes) a client of its own."""
+    ``client`` None: the gate opens (and closes) a client of its own; ``model``: what a revision answers as
+    (an adapter revision's engine name; None: the replica's base model)."""
     key = due(spec, status, now)
     gate = spec.rollout.parity
 
@@ -215,6 +224,7 @@ def poll_gate(
         async with contextlib.AsyncExitStack() as stack:
             http = client or await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
             return await run_gate(http, stable_url=sides[stable][0], canary_url=sides[canary][0],
-                                  load_suite=load_suite, spec=gate, revision=canary, stable_revision=stable, now=at)
+                                  load_suite=load_suite, spec=gate, revision=canary, stable_revision=stable, now=at,
+                                  stable_model=model(stable), canary_model=model(canary))
 
     return runner.poll(key, start)

@@ -20,9 +20,11 @@ import httpx
 from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.autoscaling.load import LoadMeter
 from folio.operator.parity import GateRunner, poll_gate
+from folio.operator.reconcile.adapters import Adapters
 from folio.operator.reconcile.runtime import Runtime
 from folio.operator.reconcile.scale import scale
 from folio.operator.rollout import Decision, Event, Observed, advance
+from folio.operator.rollout.adapters import advance_adapters, fold, set_fit
 from folio.operator.rollout.conditions import invalid_spec
 from folio.operator.serving.plan import plan
 from folio.operator.serving.validate import Problem, parse
@@ -48,10 +50,12 @@ class Memory:
     sampler: IntervalSampler = field(init=False)
     parity: GateRunner = field(default_factory=GateRunner)  # the parity gate in flight, if any
     meter: LoadMeter = field(init=False)
+    adapters: Adapters = field(init=False)  # what the engines hold; each adapter's sampler and gate
 
     def __post_init__(self) -> None:
         self.sampler = IntervalSampler(self.isvc)
         self.meter = LoadMeter(self.isvc)
+        self.adapters = Adapters(self.isvc)
 
 
 @dataclass(frozen=True)
@@ -75,16 +79,38 @@ async def run_pass(runtime: Runtime, memory: Memory, target: Target) -> Outcome:
     async with contextlib.AsyncExitStack() as stack:
         http = runtime.http or await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
         observed = await runtime.observe(spec, target.status, now)
+        observed = await memory.adapters.observe(runtime, spec, target.status, observed, http)
         observed = await _sample(runtime, memory, spec, target.status, observed, http)
         observed = _gate(runtime, memory, spec, target.status, observed)
         decision = advance(spec, target.generation, target.status, observed)
+        _advance_adapters(spec, target, observed, decision)
         await scale(runtime, memory.meter, spec, decision, http, now)
-    serving = plan(target.name, spec, decision.status, runtime.placement, runtime.endpoints())
-    await runtime.execute(serving, decision)
+        serving = plan(target.name, spec, decision.status, runtime.placement,
+                       memory.adapters.endpoints(runtime, decision.status))
+        await runtime.execute(serving, decision)
+        await memory.adapters.sync(runtime, serving, http)  # the router follows the plan already
     ended = datetime.now(timezone.utc)
     memory.sampler.restart(spec.rollout.analysis, decision.status, ended)  # a canary's samples count from its traffic
+    memory.adapters.restart(spec, decision.status, ended)
     decision.requeue_after = memory.sampler.requeue(decision.requeue_after, decision.status, ended)
     return Outcome(decision)
+
+
+def _advance_adapters(spec: InferenceServiceSpec, target: Target, observed: Observed, decision: Decision) -> None:
+    """Each adapter's rollout (`folio.operator.rollout.adapters`), into the base revisions' decision."""
+    if not spec.adapters and not target.status.adapters:
+        return
+    d = advance_adapters(spec, target.generation, target.status, observed)
+    decision.status.adapters = d.adapters
+    decision.events.extend(d.events)
+    decision.overrides_done = decision.overrides_done | {
+        f"{o}@{name}" for name, done in d.overrides_done.items() for o in done}
+    fold(target.status.conditions, decision.status, generation=target.generation, now=observed.now)
+    warning = set_fit(target.status.conditions, spec, decision.status, generation=target.generation, now=observed.now)
+    if warning is not None:
+        decision.events.append(warning)
+    due = [x for x in (decision.requeue_after, d.requeue_after) if x is not None]
+    decision.requeue_after = min(due) if due else None
 
 
 async def _sample(runtime: Runtime, memory: Memory, spec: InferenceServiceSpec, status: InferenceServiceStatus,

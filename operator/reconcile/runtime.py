@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 import httpx
 
@@ -56,6 +56,11 @@ class Runtime(Protocol):
     async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
         """Each revision's facts (weights, ready replicas, crash loops), the overrides asked for and the
         optional kinds that are asked for but not served here."""
+        ...
+
+    def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
+        """Where the pre-pull of an adapter revision stands (the plan's `AdapterPlan.pulls` starts it), and
+        what to show about it."""
         ...
 
     def router_metrics(self) -> list[str]:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from folio.operator.spec import AnalysisSample, InferenceServiceStatus, ParityReport
+from folio.operator.spec import AnalysisSample, InferenceServiceStatus, ParityReport, RolloutStatus
 
 # The manual overrides, asked for with `folio.dev/<name>` annotations or `folio promote|abort|retry`.
 OVERRIDES = ("promote", "abort", "retry")
 
 
-def nothing_to_act_on(override: str, status: InferenceServiceStatus | None, target: str | None) -> str | None:
+def nothing_to_act_on(override: str, status: RolloutStatus | None, target: str | None) -> str | None:
     """Why the rollout would ignore ``override`` now (its NothingTo* events), for the command that asks
     for it; None when there is something to act on. ``target``: the spec's revision (None: unknown)."""
     if override in ("promote", "abort") and (status is None or status.canary_revision is None):
@@ -34,6 +35,18 @@ class RevisionFacts:
 
 
 @dataclass(frozen=True)
+class AdapterObserved:
+    """What the caller saw of one adapter (`folio.operator.rollout.adapters`): its revisions' facts (weights:
+    the adapter's pre-pull, ready replicas: the engines that have loaded it), its analysis sample and parity
+    report, and the overrides asked for it."""
+
+    revisions: dict[str, RevisionFacts] = field(default_factory=dict)
+    analysis: AnalysisSample | None = None
+    parity: ParityReport | None = None
+    overrides: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything ``advance`` may look at besides spec and status.
 
@@ -51,6 +64,7 @@ class Observed:
     parity: ParityReport | None = None  # the parity gate's report for the canary, when one just finished
     overrides: frozenset[str] = frozenset()
     unavailable: tuple[tuple[str, str], ...] = ()
+    adapters: Mapping[str, AdapterObserved] = field(default_factory=dict)  # by adapter name
 
 
 @dataclass

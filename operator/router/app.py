@@ -11,6 +11,8 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from functools import partial
 
 import aiohttp
 from aiohttp import web
@@ -23,6 +25,7 @@ from folio.operator.router.errors import error_response
 from folio.operator.router.health import HealthChecker
 from folio.operator.router.loadscrape import LoadScraper
 from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.model_list import served_models
 from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyRequest
 from folio.operator.router.sources import ConfigSource
 from folio.operator.router.state import RoutingState
@@ -186,8 +189,12 @@ class RouterApp:
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
         balancer = self.state.balancer
         key = affinity_key(parsed, headers, balancer.settings.prefix_char_length) if balancer.by_prefix else None
-        return ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split, affinity=key,
-                            parsed=parsed if method == "POST" else None)
+        admitted = ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split,
+                                affinity=key, parsed=parsed if method == "POST" else None)
+        if request.path == "/v1/models" and self.state.adapters:
+            return replace(admitted, rewrite=partial(served_models, adapters=frozenset(self.state.adapters)))
+        adapter = self.state.adapter(parsed.get("model")) if method == "POST" else None
+        return admitted if adapter is None else admitted.under(adapter)
 
 
 def _check_json_object(body: bytes) -> dict[str, object]:

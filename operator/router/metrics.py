@@ -36,6 +36,9 @@ LATENCY_DIFFERENCE_BUCKETS = tuple(sorted({*(-b for b in (0.01, 0.05, 0.1, 0.25,
                                           0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0}))
 
 
+Adapter = tuple[str, str]  # (adapter, adapter revision) a request went to; NO_ADAPTER: the base model
+NO_ADAPTER: Adapter = ("", "")
+
 # How long a revision's series outlive its leaving the config: longer than any scrape interval (and an
 # analysis interval), so that Prometheus and the analysis see its final counts before they go.
 SERIES_GRACE_S = 600.0
@@ -72,10 +75,11 @@ class RouterMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         per_revision = [m.ISVC, m.REVISION]
+        per_adapter = [*per_revision, m.ADAPTER, m.ADAPTER_REVISION]
         self.requests = Counter(
             m.REQUESTS,
-            "Upstream attempts by revision and outcome (HTTP status, or 'error' before the first byte).",
-            [*per_revision, m.CODE],
+            "Upstream attempts by revision, adapter and outcome (HTTP status, or 'error' before the first byte).",
+            [*per_adapter, m.CODE],
             registry=r,
         )
         self.retries = Counter(
@@ -83,11 +87,11 @@ class RouterMetrics:
             registry=r,
         )
         self.duration = Histogram(
-            m.DURATION, "Upstream attempt duration, request sent to last byte relayed.", per_revision,
+            m.DURATION, "Upstream attempt duration, request sent to last byte relayed.", per_adapter,
             buckets=buckets, registry=r,
         )
         self.ttft = Histogram(
-            m.TTFT, "Request sent to the first body byte of the upstream's answer.", per_revision,
+            m.TTFT, "Request sent to the first body byte of the upstream's answer.", per_adapter,
             buckets=buckets, registry=r,
         )
         self.weight = Gauge(m.WEIGHT, "Traffic weight in use.", per_revision, registry=r)
@@ -196,17 +200,17 @@ class RouterMetrics:
     def attempt_started(self, revision: str) -> None:
         self._child(self.in_flight, revision).inc()
 
-    def attempt_finished(self, revision: str, code: str, duration: float | None) -> None:
+    def attempt_finished(self, revision: str, code: str, duration: float | None, adapter: Adapter = NO_ADAPTER) -> None:
         self._child(self.in_flight, revision).dec()
-        self._child(self.requests, revision, code).inc()
+        self._child(self.requests, revision, *adapter, code).inc()
         if duration is not None:
-            self._child(self.duration, revision).observe(duration)
+            self._child(self.duration, revision, *adapter).observe(duration)
 
     def attempt_abandoned(self, revision: str) -> None:
         self._child(self.in_flight, revision).dec()
 
-    def first_byte(self, revision: str, seconds: float) -> None:
-        self._child(self.ttft, revision).observe(seconds)
+    def first_byte(self, revision: str, seconds: float, adapter: Adapter = NO_ADAPTER) -> None:
+        self._child(self.ttft, revision, *adapter).observe(seconds)
 
     def retry(self, from_revision: str, to_revision: str) -> None:
         self._child(self.retries, from_revision, to_revision).inc()

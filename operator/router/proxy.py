@@ -10,9 +10,10 @@ is held to a timeout (`timeouts`): until its first byte, then between chunks.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Any
@@ -26,7 +27,7 @@ from folio.engine.server.openai_errors import ErrorCode
 from folio.operator.router.balancer import Replica
 from folio.operator.router.errors import error_response
 from folio.operator.router.hold import RETRY_AFTER_S, AskScaleUp, HoldQueue
-from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.metrics import NO_ADAPTER, Adapter, RouterMetrics
 from folio.operator.router.migration import (
     RESUMABLE,
     UPSTREAM_ERRORS,
@@ -46,6 +47,7 @@ from folio.operator.router.timeouts import (
     next_chunk,
     timed_out_response,
 )
+from folio.operator.serving.adapters import engine_name
 from folio.operator.serving.router import OVERFLOW, Overflow
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,19 @@ class ProxyRequest:
     use_split: bool = True  # False: always the stable revision (e.g. /v1/models)
     affinity: str | None = None  # the prefix or session key placement follows (`affinity.affinity_key`)
     parsed: dict[str, Any] | None = None  # the JSON body of a completion or chat request: it may be continued
+    adapter: Adapter = NO_ADAPTER  # (adapter, its revision) the request's model named, for the metrics
+    rewrite: Callable[[bytes], bytes] | None = None  # applied to a whole (not streamed) successful answer
 
     @property
     def streamed(self) -> bool:
         return self.parsed is not None and bool(self.parsed.get("stream"))
+
+    def under(self, adapter: Adapter) -> ProxyRequest:
+        """The request sent to one revision of the adapter its ``model`` names: engines know each adapter revision
+        by a name of its own (`folio.operator.serving.adapters.engine_name`) and answer under the adapter's."""
+        assert self.parsed is not None, "only a completion or chat request names a model"
+        parsed = {**self.parsed, "model": engine_name(*adapter)}
+        return replace(self, body=json.dumps(parsed).encode(), parsed=parsed, adapter=adapter)
 
 
 @dataclass
@@ -201,6 +212,10 @@ class Proxy:
             elif failure.retryable and not retried:
                 retried = True
                 following = balancer.pick(stable, exclude=tried)
+                back = state.adapter_stable(req.adapter)
+                if back is not None:  # a failing adapter revision: its stable one, on the same replica if need be
+                    req = req.under(back)
+                    following = following or balancer.pick(stable)
             if following is None:
                 break
             self.metrics.retry(replica.revision, following.revision)
@@ -314,11 +329,14 @@ class Proxy:
                 return Failure("error", reason=f"{type(exc).__name__}: {exc}".rstrip(": "))
             code = str(resp.status)
             if replica is not None:
-                self._outcome(replica, failed=is_failure(resp.status, "Retry-After" in resp.headers))
+                failed = is_failure(resp.status, "Retry-After" in resp.headers)
+                # an adapter canary that answers errors is the adapter's failure (analysis rolls it back), not
+                # the replica's: its other answers are fine, and ejecting it would fail everyone else's
+                self._outcome(replica, failed=failed and self.state.adapter_stable(req.adapter) is None)
             if isinstance(head, Failure):
                 return head
             if head.first is not None:
-                metrics.first_byte(revision, perf_counter() - started)
+                metrics.first_byte(revision, perf_counter() - started, req.adapter)
             try:
                 broke: str | None = None
                 if head.chunks is not None and resp.content_type == "text/event-stream":
@@ -326,7 +344,7 @@ class Proxy:
                     if isinstance(relayed, Seam):
                         broke = relayed.code
                 else:
-                    relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture)
+                    relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture, req.rewrite)
             except BaseException:
                 resp.close()  # drop the connection so the engine sees the client leave and aborts
                 raise
@@ -344,7 +362,7 @@ class Proxy:
             if code is None:  # the client left before the upstream answered: no outcome to count
                 metrics.attempt_abandoned(revision)
             else:
-                metrics.attempt_finished(revision, code, perf_counter() - started)
+                metrics.attempt_finished(revision, code, perf_counter() - started, req.adapter)
 
     def _outcome(self, replica: Replica, *, failed: bool) -> None:
         self.state.balancer.outliers.record(replica, failed, self.state.balancer.pool(replica.revision))
@@ -370,7 +388,7 @@ class Proxy:
 
     async def _relay(
         self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float,
-        capture: Capture | None = None,
+        capture: Capture | None = None, rewrite: Callable[[bytes], bytes] | None = None,
     ) -> tuple[web.StreamResponse, str | None]:
         """Pass on an answer that is not an event stream from its first bytes; with it the attempt's code
         when the upstream failed mid-answer (the client is cut off then: too late to change the status, and
@@ -380,7 +398,10 @@ class Proxy:
             if capture is not None and head.first is not None:
                 capture.add(head.first)
             headers.popall("Content-Length", None)  # set again from the body
-            return web.Response(status=resp.status, reason=resp.reason, body=head.first, headers=headers), None
+            body = head.first
+            if rewrite is not None and body is not None and resp.status == 200:
+                body = rewrite(body)
+            return web.Response(status=resp.status, reason=resp.reason, body=body, headers=headers), None
         out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
         await out.prepare(downstream)
         chunk = head.first

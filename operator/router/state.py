@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from folio.operator.router.auth import ApiKeys
 from folio.operator.router.balancer import Balancer, Replica
-from folio.operator.router.metrics import RouterMetrics
+from folio.operator.router.metrics import Adapter, RouterMetrics
 from folio.operator.router.split import WeightedSplit
 from folio.operator.serving.router import RouterConfig
 
@@ -19,6 +19,7 @@ class RoutingState:
         self.metrics = metrics
         self.config = RouterConfig()
         self.split = WeightedSplit(())
+        self.adapters: dict[str, WeightedSplit] = {}  # adapter name -> the split over its revisions
         self.balancer = Balancer()
         self.balancer.outliers.on_change = self._ejection_changed
         self.balancer.on_affinity = metrics.affinity
@@ -41,6 +42,7 @@ class RoutingState:
             self.split = WeightedSplit(weights)
             self.metrics.set_weights(dict(weights))
             log.info("traffic: %s", ", ".join(f"{r}={w}" for r, w in weights) or "(none)")
+        self._apply_adapters(config, old)
         self.balancer.outliers.configure(config.outlier_detection)
         self.balancer.configure(config.load_balancing)
         self.balancer.update(config.endpoints)
@@ -52,6 +54,32 @@ class RoutingState:
         self.config = config
         self.fingerprint = config.fingerprint()
         self.loaded = True
+
+    def _apply_adapters(self, config: RouterConfig, old: RouterConfig) -> None:
+        """A split per adapter; one whose weights did not change keeps its interleaving."""
+        splits = {}
+        for name, route in config.adapters.items():
+            weights = [(t.revision, t.weight) for t in route.traffic]
+            before = old.adapters.get(name)
+            kept = self.adapters.get(name)
+            if kept is not None and before is not None and weights == [(t.revision, t.weight) for t in before.traffic]:
+                splits[name] = kept
+            else:
+                splits[name] = WeightedSplit(weights)
+                log.info("adapter %s: %s", name, ", ".join(f"{r}={w}" for r, w in weights) or "(none)")
+        self.adapters = splits
+
+    def adapter(self, model: object) -> Adapter | None:
+        """(adapter, revision) for a request whose ``model`` names an adapter: its revision by the weights."""
+        split = self.adapters.get(model) if isinstance(model, str) else None
+        revision = split.choose() if split is not None else None
+        return None if revision is None else (str(model), revision)
+
+    def adapter_stable(self, adapter: Adapter) -> Adapter | None:
+        """Where a failed attempt on ``adapter``'s revision is retried: its stable revision, when another."""
+        route = self.config.adapters.get(adapter[0])
+        stable = route.stable if route is not None else None
+        return (adapter[0], stable) if stable is not None and stable != adapter[1] else None
 
     def _ejection_changed(self, replica: object, ejected: bool) -> None:
         assert isinstance(replica, Replica)

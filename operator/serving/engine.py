@@ -53,6 +53,10 @@ def serve_args(
         pinned += ["--revision", model.revision]
     if model.digest:
         pinned += ["--digest", model.digest]
+    if "--enable-lora" in flags and "--allow-runtime-lora-updating" not in flags:
+        # the operator and `folio up` load adapters at run time (`folio.operator.reconcile.adapters`); the
+        # NetworkPolicy keeps the endpoints to the operator and routers, which never forward them
+        pinned.append("--allow-runtime-lora-updating")
     return [*pinned, *flags]
 
 

@@ -10,6 +10,7 @@ ready endpoints) it gives a `ServingPlan`:
   `folio.operator.autoscaling.share`), none until its weights are verified, so that no engine starts before the weights
   it must serve are in place; whether they still have to be pulled, and where to; its engine
   command line (`folio.operator.serving.engine`);
+- the adapter revisions to pre-pull, and those every engine holds (`folio.operator.serving.adapters`);
 - the router config (`folio.operator.serving.router`).
 
 The two deployments differ only in their `Placement`: in a cluster every engine is a pod on
@@ -23,23 +24,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from folio.operator import prepull
 from folio.operator.autoscaling.share import revision_replicas
 from folio.operator.k8s.names import ENGINE_METRICS_PORT, ENGINE_PORT
 from folio.operator.serving import engine
+from folio.operator.serving.adapters import AdapterPlan, adapter_plan
 from folio.operator.serving.router import RoutedSpec, RouterConfig, router_config
 from folio.operator.spec import (
+    RUNNING_ROLES,
     EngineArgValue,
     InferenceServiceSpec,
     InferenceServiceStatus,
     ModelSource,
     RevisionRole,
 )
-
-RUNNING_ROLES: tuple[RevisionRole, ...] = ("Stable", "Canary", "Retiring")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class ServingPlan:
     spec: InferenceServiceSpec
     status: InferenceServiceStatus
     endpoints: Mapping[str, Sequence[str]]
+    adapters: AdapterPlan = field(default_factory=AdapterPlan)  # adapter revisions to pull, and to load onto every engine
 
     def revision(self, name: str) -> RevisionPlan | None:
         return next((r for r in self.revisions if r.name == name), None)
@@ -134,5 +136,6 @@ def plan(
         for rev in status.revisions
         if rev.role in RUNNING_ROLES
     )
-    return ServingPlan(isvc, revisions, spec, status, dict(endpoints or {}))
+    return ServingPlan(isvc, revisions, spec, status, dict(endpoints or {}),
+                       adapter_plan(status, placement.weights_root))
 

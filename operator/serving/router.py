@@ -87,6 +87,14 @@ class Holding(_Wire):
                    release_per_replica=per_replica)
 
 
+class AdapterRoute(_Wire):
+    """One adapter's split: the weights of its revisions (status.adapters[].traffic), and its stable revision,
+    where a failed attempt on another revision is retried."""
+
+    traffic: list[TrafficTarget] = Field(default_factory=list)
+    stable: str | None = None
+
+
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
 OPTIONAL_PARTS = (
@@ -109,6 +117,8 @@ class RouterConfig(_Wire):
     # Continuing an answer on another replica when its own fails after the first byte.
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     api_keys: list[str] | None = None
+    # adapter name (the `model` clients send) -> its revisions' weights (`folio.operator.serving.adapters`)
+    adapters: dict[str, AdapterRoute] = Field(default_factory=dict)
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
     problems: tuple[str, ...] = ()
 
@@ -237,6 +247,8 @@ def router_config(
         }
     return RouterConfig(
         traffic=list(status.traffic),
+        adapters={a.name: AdapterRoute(traffic=list(a.traffic), stable=a.stable_revision)
+                  for a in status.adapters if a.traffic},
         endpoints={rev: list(endpoints.get(rev, ())) for rev in routable(status)},
         stable=status.stable_revision,
         canary=status.canary_revision,

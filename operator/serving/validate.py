@@ -15,9 +15,10 @@ The same spec gets the same verdict in a cluster and on this machine, except for
 | engine replicas per revision at most   | 512 (`MAX_REPLICAS`)      | 16 (`LOCAL_MAX_REPLICAS`)     |
 | parity suite source                    | configMapRef              | suiteFile                     |
 | fault-injection args (`FAULT_ARGS`)    | refused (see below)       | kept                          |
+| spec.adapters                          | refused (not yet)         | served                        |
 
-(The fault-injection args, `faultErrorRate`, `faultLatencyMs`, `faultLogitNoise` and `faultCrashAfterTokens`, make a revision
-fail, slow down or answer differently on purpose: test aids for rollback and the parity gate. A cluster's
+(The fault-injection args, `faultErrorRate`, `faultLatencyMs`, `faultLogitNoise`, `faultCrashAfterTokens` and
+`faultAdapterFiles`, make a revision (or an adapter revision) fail, slow down or answer differently on purpose: test aids for rollback and the parity gate. A cluster's
 operator refuses a spec that sets any of them, whatever its value, with the reason
 ``FaultInjectionDisabled``, unless it was started with `--allow-fault-injection`, which runs it with
 ``dataclasses.replace(CLUSTER, fault_injection=True)``. One problem per field: a fault arg whose value
@@ -52,6 +53,7 @@ from folio.operator.spec import (
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    ModelSource,
     check_name,
     parse_duration,
 )
@@ -72,7 +74,7 @@ FAULT_INJECTION_DISABLED = "FaultInjectionDisabled"
 # The reasons of the sites' own rules: the only ones by which two sites' verdicts on one spec differ.
 SITE_REASONS = frozenset({UNSUPPORTED_HERE, FAULT_INJECTION_DISABLED})
 # The `spec.engine.args` keys of the engine's fault injection (`folio serve --fault-*`): test aids.
-FAULT_ARGS = ("faultErrorRate", "faultLatencyMs", "faultLogitNoise", "faultCrashAfterTokens")
+FAULT_ARGS = ("faultErrorRate", "faultLatencyMs", "faultLogitNoise", "faultCrashAfterTokens", "faultAdapterFiles")
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,11 @@ class Site:
     replica: str  # what one engine replica is there, for the messages
     parity_suites: tuple[str, ...]  # the spec.rollout.parity fields it reads a suite from
     fault_injection: bool  # whether it runs the engine's fault-injection args (`FAULT_ARGS`)
+    adapters: bool = True  # whether it serves spec.adapters
 
 
 CLUSTER = Site("a cluster", "`folio up`", ("hf", "pvc", "file"), MAX_REPLICAS, "engine pods", ("configMapRef",),
-               fault_injection=False)
+               fault_injection=False, adapters=False)
 THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",),
                     fault_injection=True)
 SITES = (CLUSTER, THIS_MACHINE)
@@ -270,6 +273,7 @@ def planning_problems(spec: InferenceServiceSpec, *, router: bool = True) -> lis
         except PlanningError as exc:
             problems.append(_from_planning(exc))
     problems += _model_source(spec)
+    problems += _adapters(spec)
     problems += _durations(spec)
     if router:
         problems += _router(spec)
@@ -294,18 +298,35 @@ def _engine_args(spec: InferenceServiceSpec) -> list[Problem]:
 
 
 def _model_source(spec: InferenceServiceSpec) -> list[Problem]:
-    model = spec.model
+    return _source("spec.model.source", spec.model)
+
+
+def _source(path: str, pin: ModelSource) -> list[Problem]:
+    """A source the pre-pull can name and reach (its scheme's own rules)."""
     try:
-        prepull.model_dir_name(model)
-        if model.scheme == "pvc":
-            prepull.pvc_claim_and_path(model.source)
-        if model.scheme == "file":
-            prepull.local_source(model, None)
+        prepull.model_dir_name(pin)
+        if pin.scheme == "pvc":
+            prepull.pvc_claim_and_path(pin.source)
+        if pin.scheme == "file":
+            prepull.local_source(pin, None)
     except prepull.WeightsError as exc:
-        return [Problem("spec.model.source", INVALID_MODEL_SOURCE, _clean(str(exc)))]
+        return [Problem(path, INVALID_MODEL_SOURCE, _clean(str(exc)))]
     except ValueError as exc:  # urllib's: "Invalid IPv6 URL"
-        return [Problem("spec.model.source", INVALID_MODEL_SOURCE, f"{_short(model.source)} is not a usable URL: {exc}")]
+        return [Problem(path, INVALID_MODEL_SOURCE, f"{_short(pin.source)} is not a usable URL: {exc}")]
     return []
+
+
+def _adapters(spec: InferenceServiceSpec) -> list[Problem]:
+    """Adapters need LoRA on (the operator turns it on itself unless the spec turns it off), and sources
+    the pre-pull can name."""
+    problems = []
+    if spec.adapters and spec.engine.args.get("enableLora") is False:
+        problems.append(Problem("spec.engine.args.enableLora", INVALID_ENGINE_ARGS,
+                                "spec.engine.args.enableLora is false, and spec.adapters needs LoRA: "
+                                "remove the arg (the operator sets it) or the adapters"))
+    for i, adapter in enumerate(spec.adapters):
+        problems += _source(f"spec.adapters[{i}].source", adapter.pin())
+    return problems
 
 
 def _durations(spec: InferenceServiceSpec) -> list[Problem]:
@@ -391,6 +412,11 @@ def _site(spec: InferenceServiceSpec, site: Site) -> list[Problem]:
                     f"spec.rollout.parity.{key} needs {site.other}; {site.name} reads a suite from "
                     f"{' or '.join(site.parity_suites)} (or uses the default suite)",
                 ))  # fmt: skip
+    if spec.adapters and not site.adapters:
+        problems.append(Problem(
+            "spec.adapters", UNSUPPORTED_HERE,
+            f"spec.adapters needs {site.other} for now: {site.name} does not load adapters onto its engines yet",
+        ))  # fmt: skip
     if not site.fault_injection:
         paths = [(key, field_path(("spec", "engine", "args", key))) for key in FAULT_ARGS if key in spec.engine.args]
         problems += [

@@ -1,6 +1,6 @@
 """Driving a real `folio up` from Python, as a user would: `make demo` and the end-to-end tests.
 
-- `write_manifest` writes an InferenceService for a ``file://`` model with its digest;
+- `write_manifest` writes an InferenceService for a ``file://`` model with its digest (and adapters);
 - `UpProcess` runs `folio up` as a child, waits for its control endpoint and stops it the way a
   user does (SIGINT), checking that every process it started is gone.
 """
@@ -36,6 +36,7 @@ def write_manifest(
     served_name: str | None = None,
     router: dict[str, Any] | None = None,
     autoscaling: dict[str, Any] | None = None,
+    adapters: list[dict[str, Any]] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -55,6 +56,8 @@ def write_manifest(
     }
     if autoscaling is not None:
         doc["spec"]["autoscaling"] = autoscaling
+    if adapters:
+        doc["spec"]["adapters"] = adapters
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from folio.operator import metric_names as m
 from folio.operator.router.app import RouterApp
 from folio.operator.router.server import running_router
 from folio.operator.router.sources import ConfigSource, InProcessSource
@@ -24,6 +25,9 @@ class RouterUnderTest:
         self.source.set(RouterConfig.parse(config))
 
     def metric(self, name: str, **labels: str) -> float:
+        """One series' value; the base model's (no adapter) unless ``adapter`` and ``adapter_revision`` say."""
+        if name.startswith((m.REQUESTS, m.DURATION, m.TTFT)):
+            labels = {m.ADAPTER: "", m.ADAPTER_REVISION: "", **labels}
         value = self.app.metrics.registry.get_sample_value(name, {"isvc": "chat", **labels})
         return value or 0.0
 

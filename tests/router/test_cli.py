@@ -42,7 +42,7 @@ async def test_folio_router_serves_a_config_file(folio_bin: str, tmp_path: Path)
                 assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large"
                 assert "4096 bytes" in resp.json()["error"]["message"]
                 metrics = (await client.get("/metrics")).text
-                assert f'{m.REQUESTS}{{code="200",isvc="chat",revision="r1"}} 1.0' in metrics
+                assert f'{m.REQUESTS}{{adapter="",adapter_revision="",code="200",isvc="chat",revision="r1"}} 1.0' in metrics
         finally:
             proc.send_signal(signal.SIGTERM)
             output = proc.communicate(timeout=30)[0]

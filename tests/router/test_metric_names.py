@@ -30,7 +30,8 @@ def test_the_router_exports_every_name_with_its_labels() -> None:
                  f"{m.SHADOW_DURATION}_bucket", m.IN_FLIGHT):
         assert name in samples, name
         assert samples[name][m.ISVC] == "chat"
-    assert samples[m.REQUESTS] == {m.ISVC: "chat", m.REVISION: "r1", m.CODE: "503"}
+    assert samples[m.REQUESTS] == {m.ISVC: "chat", m.REVISION: "r1", m.ADAPTER: "", m.ADAPTER_REVISION: "",
+                                   m.CODE: "503"}
     metrics.affinity("r1", m.AFFINITY_SPILL)
     affinity = {s.name: s.labels for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
                 if s.name == m.PREFIX_AFFINITY}

@@ -61,6 +61,8 @@ class FakeUpstream:
     stall_after: int | None = None  # write this many events, then nothing
     fail_after: int | None = None  # write this many events, then a `failed` record, an error event, [DONE]
     resumes: list[dict[str, Any]] = field(default_factory=list)  # the folio_resume objects received
+    failing_models: frozenset[str] = frozenset()  # requests naming one of these models get a 500
+    adapters: tuple[str, ...] = ()  # the adapters /v1/models lists (as an engine names them: NAME@REVISION)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -80,14 +82,16 @@ class FakeUpstream:
         try:
             if self.hold is not None:
                 await self.hold.wait()
-            if self.status != 200:
-                # answered as the engine words its errors
-                return web.json_response(error_body(self.status, f"{self.name} failed"), status=self.status)
             parsed = json.loads(body)
+            status = 500 if parsed.get("model") in self.failing_models else self.status
+            if status != 200:
+                # answered as the engine words its errors
+                return web.json_response(error_body(status, f"{self.name} failed"), status=status)
             if self.resumable and request.headers.get(RESUMABLE_HEADER) == "1":
                 return await self._resumable(request, parsed)
             if not parsed.get("stream"):
-                return web.json_response({"served_by": self.name, "choices": [{"text": self.text}]})
+                return web.json_response({"served_by": self.name, "model": parsed.get("model"),
+                                      "choices": [{"text": self.text}]})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             if self.hold_body is not None:
@@ -142,8 +146,9 @@ class FakeUpstream:
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
+        adapters = [{"id": a, "object": "model", "owned_by": self.name, "parent": "m"} for a in self.adapters]
         return web.json_response(
-            {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": self.name}]}
+            {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": self.name}, *adapters]}
         )
 
     async def _health(self, request: web.Request) -> web.Response:

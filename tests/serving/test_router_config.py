@@ -53,7 +53,7 @@ def test_the_wire_form_is_what_the_file_source_reads() -> None:
     assert RouterConfig.parse(cfg.to_wire()) == cfg
     assert set(cfg.to_wire()) == {
         "traffic", "endpoints", "stable", "canary", "overflow", "outlierDetection", "requestTimeout",
-        "loadBalancing", "migration",
+        "loadBalancing", "migration", "adapters",
     }  # fmt: skip
 
 

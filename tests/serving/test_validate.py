@@ -190,13 +190,15 @@ def test_the_sites_differ_in_their_own_rules_only() -> None:
     assert CLUSTER.max_replicas == MAX_REPLICAS and THIS_MACHINE.max_replicas == LOCAL_MAX_REPLICAS
 
 
-FAULTS = {"faultErrorRate": 0.5, "faultLatencyMs": 200, "faultLogitNoise": 0.1, "faultCrashAfterTokens": 64}
+FAULTS = {"faultErrorRate": 0.5, "faultLatencyMs": 200, "faultLogitNoise": 0.1, "faultCrashAfterTokens": 64,
+          "faultAdapterFiles": True}
 
 
 @pytest.mark.parametrize(("key", "flag"), [("faultErrorRate", "--fault-error-rate"),
                                            ("faultLatencyMs", "--fault-latency-ms"),
                                            ("faultLogitNoise", "--fault-logit-noise"),
-                                           ("faultCrashAfterTokens", "--fault-crash-after-tokens")])  # fmt: skip
+                                           ("faultCrashAfterTokens", "--fault-crash-after-tokens"),
+                                           ("faultAdapterFiles", "--fault-adapter-files")])  # fmt: skip
 def test_fault_injection_is_refused_in_a_cluster_unless_the_operator_allows_it(key: str, flag: str) -> None:
     body = spec(engine={"args": {"maxNumSeqs": 8, key: FAULTS[key]}})
     (problem,) = validate("chat", body, CLUSTER)
@@ -208,7 +210,8 @@ def test_fault_injection_is_refused_in_a_cluster_unless_the_operator_allows_it(k
     assert validate("chat", body, THIS_MACHINE) == []  # `folio up` keeps them
     assert validate("chat", body, dataclasses.replace(CLUSTER, fault_injection=True)) == []  # the operator's flag
     # whatever the value: the key is the test aid (0 is off, but still says the spec was made for tests)
-    assert found(validate("chat", spec(engine={"args": {key: 0}}), CLUSTER)) == [(path, FAULT_INJECTION_DISABLED)]
+    off = False if isinstance(FAULTS[key], bool) else 0
+    assert found(validate("chat", spec(engine={"args": {key: off}}), CLUSTER)) == [(path, FAULT_INJECTION_DISABLED)]
 
 
 def test_each_fault_arg_set_is_one_problem_and_other_problems_stay() -> None:

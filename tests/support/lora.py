@@ -1,5 +1,5 @@
-"""LoRA adapters for tests, made with `peft` on the tiny random models (and SmolLM2): random non-zero A
-and B (peft starts B at zero, which would hide every mistake), saved with `save_pretrained`."""
+"""LoRA adapters for tests: peft's (`folio.operator.testing.lora.make_adapter`) on the tiny random models and
+SmolLM2, peft's reference answers, and adapters written without building the model."""
 
 from __future__ import annotations
 
@@ -7,51 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-# every linear projection of a decoder layer, as peft names them per family
-LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PHI3_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
-
-def all_targets(model_dir: Path) -> tuple[str, ...]:
-    """Every projection of the model at ``model_dir`` (Phi-3 fuses q/k/v and gate/up in its checkpoints)."""
-    model_type = json.loads((Path(model_dir) / "config.json").read_text())["model_type"]
-    return PHI3_TARGETS if model_type == "phi3" else LLAMA_TARGETS
-
-
-def make_adapter(
-    model_dir: Path,
-    out_dir: Path,
-    *,
-    r: int = 8,
-    alpha: float = 16,
-    target_modules: list[str] | tuple[str, ...] | str | None = None,
-    seed: int = 0,
-    use_rslora: bool = False,
-    std: float = 0.1,
-    **config: Any,
-) -> Path:
-    """Save a LoRA adapter for the model at ``model_dir`` into ``out_dir`` and return ``out_dir``.
-    ``target_modules`` defaults to every projection; ``config`` adds `LoraConfig` fields (e.g.
-    layers_to_transform). A and B are drawn from N(0, std²) with a generator seeded by ``seed``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    targets = list(all_targets(model_dir)) if target_modules is None else target_modules
-    lora = LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets),
-        use_rslora=use_rslora, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **config,
-    )
-    model = get_peft_model(base, lora)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    out_dir = Path(out_dir)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+from folio.operator.testing.lora import LLAMA_TARGETS, PHI3_TARGETS, make_adapter  # noqa: F401 (the tests' import)
 
 
 def peft_model(model_dir: Path, adapter_dir: Path) -> Any:

@@ -269,6 +269,15 @@ class LLMEngine:
 
         return names(self.scheduler.running), names(self.scheduler.waiting)
 
+    def lora_resident(self) -> list[str]:
+        """Names of the adapters in memory (device slots or host cache): a request under one starts without
+        reading its files (the router prefers such replicas: `folio_engine_lora_resident`)."""
+        slots = self.lora_slots
+        if slots is None:
+            return []
+        ids = {*slots.cached(), *(s.lora_int_id for s in slots.slots if s.lora_int_id)}
+        return sorted(r.lora_name for i in ids if (r := slots.by_id.get(i)) is not None)
+
     def _require_lora(self, name: str) -> LoRASlots:
         if self.lora_slots is None:
             raise LoRAError(f"adapter {name!r}: LoRA is not enabled on this engine (enable_lora / --enable-lora)")

@@ -245,9 +245,9 @@ def _rollout(up: UpProcess, load: LoadGenerator, manifest: Path, *, expect: str,
         canary = st.get("canary") or {}
         if st.get("canaryRevision") == rev and not loading_said:
             loading_said = True
-            say(
-                f"engine of {e(rev)} loading (its weights are verified first) — no traffic until it is ready"
-            )
+            say(f"the engines load adapter revision {e(rev)} (its files are verified first) — no traffic until "
+                "every engine holds it and it passes the parity gate" if adapter else
+                f"engine of {e(rev)} loading (its weights are verified first) — no traffic until it is ready")
         if (
             st.get("canaryRevision") == rev
             and canary.get("weight", 0) > 0

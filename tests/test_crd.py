@@ -33,26 +33,44 @@ def openapi_schema() -> dict[str, Any]:
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[str]:
-    """Evaluate every CEL rule where the object has a value, as the API server does."""
-    env = celpy.Environment()
-    for rule in schema.get("x-kubernetes-validations", []):
-        program = env.program(env.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(value)}):
-            yield f"{path or '<root>'}: {rule['message']}"
+def nodes(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[dict[str, Any], Any, str]]:
+    """Every (schema node, value, path) where the object has a value, the root first."""
+    yield schema, value, path or "<root>"
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in value:
-                yield from cel_errors(sub, value[key], f"{path}.{key}" if path else key)
+                yield from nodes(sub, value[key], f"{path}.{key}" if path else key)
     elif isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
-            yield from cel_errors(schema["items"], item, f"{path}[{i}]")
+            yield from nodes(schema["items"], item, f"{path}[{i}]")
+
+
+def cel_errors(schema: dict[str, Any], value: Any) -> Iterator[str]:
+    """Evaluate every CEL rule where the object has a value, as the API server does."""
+    env = celpy.Environment()
+    for node, found, path in nodes(schema, value):
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]))
+            if not program.evaluate({"self": celpy.json_to_cel(found)}):
+                yield f"{path}: {rule['message']}"
+
+
+def list_map_errors(schema: dict[str, Any], value: Any) -> Iterator[str]:
+    """The API server's check of `x-kubernetes-list-type: map`: each item's keys are unique in the list."""
+    for node, found, path in nodes(schema, value):
+        if isinstance(found, list) and node.get("x-kubernetes-list-type") == "map":
+            names = node["x-kubernetes-list-map-keys"]
+            keys = [tuple(item.get(k) for k in names) for item in found]
+            for i, key in enumerate(keys):
+                if key in keys[:i]:
+                    yield f"{path}[{i}]: Duplicate value: {dict(zip(names, key, strict=True))}"
 
 
 def api_server_errors(manifest: dict[str, Any]) -> list[str]:
     schema = openapi_schema()
     validator = jsonschema.Draft4Validator(schema)  # OpenAPI 3.0 keeps draft-4's boolean exclusiveMinimum
     errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(manifest)]
+    errors += list_map_errors(schema, manifest)
     if not errors:  # like the API server, CEL runs on objects that pass the schema
         errors = list(cel_errors(schema, manifest))
     return errors
@@ -99,7 +117,18 @@ VALID = {
     "file-with-digest": manifest(model={"source": "file:///models/smollm2", "digest": DIGEST}),
     "no-steps": manifest(rollout={"steps": []}),
     "zero-replicas": manifest(replicas=0),
+    "adapters": manifest(adapters=[
+        {"name": "sql-expert", "source": "hf://acme/sql-lora", "revision": COMMIT,
+         "credentialsSecretRef": {"name": "hub"}, "rollout": {"steps": [{"weight": 10}, {"weight": 50}]}},
+        {"name": "acme/support:v2", "source": "pvc://adapters/support", "digest": DIGEST},
+    ]),
 }
+
+
+def adapter(**fields: Any) -> dict[str, Any]:
+    """An adapter entry; a field given as None is left out."""
+    return {k: v for k, v in {"name": "sql", "source": "hf://acme/sql-lora", "revision": COMMIT, **fields}.items()
+            if v is not None}
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -140,6 +169,17 @@ INVALID = {
     "prometheus-no-scheme": (_with("rollout.analysis", {"prometheus": {"url": "prometheus:9090"}}), "does not match"),
     "replicas-huge": (_with("replicas", 100000), "greater than the maximum of 512"),
     "router-replicas-huge": (_with("router.replicas", 1000), "greater than the maximum of 32"),
+    "adapter-unpinned": (manifest(adapters=[adapter(revision=None)]), "must pin spec.adapters[].revision"),
+    "adapter-branch": (manifest(adapters=[adapter(revision="main")]), "full 40-character lowercase hex"),
+    "adapter-file-no-digest": (manifest(adapters=[adapter(source="file:///a/sql", revision=None)]),
+                               "need spec.adapters[].digest"),
+    "adapter-twice": (manifest(adapters=[adapter(), adapter(source="hf://acme/other")]), "Duplicate value"),
+    "adapter-named-like-the-model": (manifest(model={"source": "hf://org/m", "revision": COMMIT, "servedName": "sql"},
+                                              adapters=[adapter()]), "named like the base model's served name"),
+    "adapter-name-with-at": (manifest(adapters=[adapter(name="sql@v2")]), "does not match"),
+    "adapter-steps-decreasing": (manifest(adapters=[adapter(rollout={"steps": [{"weight": 50}, {"weight": 5}]})]),
+                                 "must strictly increase"),
+    "too-many-adapters": (manifest(adapters=[adapter(name=f"a{i}") for i in range(65)]), "is too long"),
 }
 
 

@@ -61,7 +61,8 @@ def build_app(engine: EngineCore, config: ServingConfig, faults: Faults | None =
         engine, lambda stats: ServerMetrics(config.served_model_name, stats), observe=crash, lora=config.enable_lora
     )
     if config.enable_lora:
-        async_engine.metrics.track_lora(config.max_loras, lambda: async_engine.lora_state)
+        async_engine.metrics.track_lora(config.max_loras, lambda: async_engine.lora_state,
+                                        lambda: async_engine.lora_resident)
     serving = OpenAIServing(async_engine, config)
     state = ServerState(async_engine, faults)
 

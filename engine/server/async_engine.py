@@ -50,6 +50,8 @@ class EngineCore(Protocol):
     def list_loras(self) -> list[LoRARequest]: ...
     def lora_state(self) -> LoRAState: ...
 
+    def lora_resident(self) -> list[str]: ...
+
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped on an error; every request in flight fails with it."""
@@ -121,6 +123,7 @@ class AsyncEngine:
         self.metrics = metrics_factory(lambda: self.stats)
         self.stats: EngineStats = engine.stats()
         self.lora_state: LoRAState = engine.lora_state() if lora else ([], [])
+        self.lora_resident: list[str] = engine.lora_resident() if lora else []  # adapters in memory
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pending_adds = 0
@@ -285,19 +288,22 @@ class AsyncEngine:
             log.exception("engine step failed; failing every request in flight")
             loop.call_soon_threadsafe(self._on_dead, exc)
 
-    def _snapshot(self) -> tuple[EngineStats, LoRAState]:
+    def _snapshot(self) -> tuple[EngineStats, LoRAState, list[str]]:
         """The engine's stats and adapter state, read on the engine thread for the loop's metrics."""
-        return self.engine.stats(), self.engine.lora_state() if self._lora else ([], [])
+        if not self._lora:
+            return self.engine.stats(), ([], []), []
+        return self.engine.stats(), self.engine.lora_state(), self.engine.lora_resident()
 
     # ------------------------------------------------------------ engine thread -> event loop
 
-    def _on_commands(self, replies: list[_Reply], stats: EngineStats, lora: LoRAState) -> None:
-        self.stats, self.lora_state = stats, lora
+    def _on_commands(self, replies: list[_Reply], stats: EngineStats, lora: LoRAState, resident: list[str]) -> None:
+        self.stats, self.lora_state, self.lora_resident = stats, lora, resident
         for reply in replies:
             reply()
 
-    def _on_step(self, outputs: list[RequestOutput], stats: EngineStats, lora: LoRAState) -> None:
-        self.stats, self.lora_state = stats, lora
+    def _on_step(self, outputs: list[RequestOutput], stats: EngineStats, lora: LoRAState,
+                 resident: list[str]) -> None:
+        self.stats, self.lora_state, self.lora_resident = stats, lora, resident
         if self._observe is not None:
             self._observe(outputs)
         now = time.monotonic()

@@ -28,6 +28,8 @@ from folio.engine.outputs import EngineStats, RequestOutput
 disable_created_metrics()  # vLLM exports no *_created series either
 
 # vLLM's bucket boundaries, so histogram_quantile() queries carry over.
+# Adapters in memory on an engine, one series each by lora_name: the router prefers these replicas for them.
+LORA_RESIDENT = "folio_engine_lora_resident"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -87,6 +89,21 @@ class _LoRAInfoCollector(Collector):
         yield g
 
 
+class _LoRAResidentCollector(Collector):
+    """Folio's ``folio_engine_lora_resident``: 1 for each adapter in memory (device slots or host cache), by
+    ``lora_name``; a request under one starts without reading its files, so a router prefers these replicas for
+    it (`folio.operator.router.balancer`). Built at scrape time, like the info series above."""
+
+    def __init__(self, resident: Callable[[], list[str]]) -> None:
+        self._resident = resident
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(LORA_RESIDENT, "Adapters in memory (device slots or host cache).", labels=["lora_name"])
+        for name in sorted(set(self._resident())):
+            g.add_metric([name], 1.0)
+        yield g
+
+
 def _joined(names: list[str]) -> str:
     """Each adapter once, in a stable order, whatever the engine's order of requests."""
     return ",".join(sorted(set(names)))
@@ -143,9 +160,12 @@ class ServerMetrics:
         self.request_errors.labels(model_name)  # exported as 0 from the start, so rate() has a baseline
         self._timings: dict[str, _Timing] = {}
 
-    def track_lora(self, max_loras: int, state: Callable[[], tuple[list[str], list[str]]]) -> None:
-        """Exports ``vllm:lora_requests_info`` (with `--enable-lora` only, as vLLM does)."""
+    def track_lora(self, max_loras: int, state: Callable[[], tuple[list[str], list[str]]],
+                   resident: Callable[[], list[str]] = list) -> None:
+        """Exports ``vllm:lora_requests_info`` (with `--enable-lora` only, as vLLM does) and Folio's
+        ``folio_engine_lora_resident``."""
         self.registry.register(_LoRAInfoCollector(max_loras, state))
+        self.registry.register(_LoRAResidentCollector(resident))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from folio.operator.controller.children import Children, Obj
 from folio.operator.k8s.names import (
+    ADAPTERS_GATE,
     ENGINE_PORT,
     ROUTER_PORT,
     component_labels,
@@ -49,10 +50,7 @@ def _revision_facts(children: Children, isvc: str, rev: str, status: InferenceSe
     if known is not None and known.weights_ready:
         weights, message = "ready", ""
     else:
-        job = children.get("batch/v1", "Job", prepull_job_name(isvc, rev))
-        failed = job is not None and _condition(job, "Failed") is not None
-        pods = children.pods_with(component_labels(isvc, "prepull", rev)) if failed else []
-        weights, message = job_weights(job, pods)
+        weights, message = prepull_weights(children, isvc, rev)
     deployment = children.get("apps/v1", "Deployment", engine_name(isvc, rev))
     pods = children.pods_with(component_labels(isvc, "engine", rev)) if deployment else []
     return RevisionFacts(
@@ -63,9 +61,51 @@ def _revision_facts(children: Children, isvc: str, rev: str, status: InferenceSe
     )
 
 
+def prepull_weights(children: Children, isvc: str, rev: str) -> tuple[WeightsState, str]:
+    """Where the pre-pull Job of a revision (or an adapter revision) stands."""
+    job = children.get("batch/v1", "Job", prepull_job_name(isvc, rev))
+    failed = job is not None and _condition(job, "Failed") is not None
+    pods = children.pods_with(component_labels(isvc, "prepull", rev)) if failed else []
+    return job_weights(job, pods)
+
+
+def engine_pods(children: Children, isvc: str, rev: str | None = None) -> list[Obj]:
+    """The engine pods of a revision (None: of every revision) whose containers are ready (``ContainersReady``:
+    the engine answers), whether or not the pod is Ready: its adapters readiness gate (`ADAPTERS_GATE`) waits
+    on what they load."""
+    return [p for p in children.pods_with(component_labels(isvc, "engine", rev))
+            if not (p.get("metadata") or {}).get("deletionTimestamp") and pod_host(p)
+            and _condition(p, "ContainersReady") is not None]  # fmt: skip
+
+
+def gated(pod: Obj) -> bool:
+    """The pod waits on `ADAPTERS_GATE` (its Deployment serves adapters)."""
+    return any(g.get("conditionType") == ADAPTERS_GATE for g in (pod.get("spec") or {}).get("readinessGates") or [])
+
+
+def gate_patch(pod: Obj, holding: bool, now: str) -> list[Obj]:
+    """The JSON patch that sets the pod's `ADAPTERS_GATE` condition to ``holding`` (empty: it says so already);
+    guarded by a test of the condition's place, so a pod whose conditions moved meanwhile is refused (422)."""
+    want = "True" if holding else "False"
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    at = next((i for i, c in enumerate(conditions) if c.get("type") == ADAPTERS_GATE), None)
+    if at is not None and conditions[at].get("status") == want:
+        return []
+    value = {"type": ADAPTERS_GATE, "status": want, "lastTransitionTime": now,
+             "reason": "AdaptersLoaded" if holding else "AdaptersLoading"}
+    if at is None:
+        return [{"op": "add", "path": "/status/conditions/-", "value": value}]
+    return [{"op": "test", "path": f"/status/conditions/{at}/type", "value": ADAPTERS_GATE},
+            {"op": "replace", "path": f"/status/conditions/{at}", "value": value}]
+
+
 def overrides(annotations: Mapping[str, str]) -> frozenset[str]:
-    """The manual overrides asked for with `folio.dev/<name>` annotations."""
-    return frozenset(name for name in OVERRIDES if override_annotation(name) in annotations)
+    """The manual overrides asked for with `folio.dev/<name>` annotations, and with `folio.dev/<name>-adapter`
+    for one adapter (``<name>@<adapter>``)."""
+    base = {name for name in OVERRIDES if override_annotation(name) in annotations}
+    adapters = {f"{name}@{annotations[key]}" for name in OVERRIDES
+                if (key := override_annotation(f"{name}@-")) in annotations and annotations[key]}
+    return frozenset(base | adapters)
 
 
 def job_weights(job: Obj | None, pods: Sequence[Obj] = ()) -> tuple[WeightsState, str]:

@@ -27,7 +27,7 @@ from folio.operator.controller.discovery import Discovery
 from folio.operator.controller.runtime import ClusterRuntime, Isvc, call
 from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import ApiError, Kube
-from folio.operator.k8s.names import engine_service_url
+from folio.operator.k8s.names import engine_service_url, pod_engine_url
 from folio.operator.reconcile import Memory, Target, run_pass
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.serving.validate import CLUSTER, Site
@@ -74,6 +74,8 @@ class Context:
     schedules: dict[tuple[str, str], Schedule] = field(default_factory=dict)
     # (namespace, isvc, revision) -> a replica's base URL, for the parity gate: the revision's Service
     replica_url: Callable[[str, str, str], str] = field(default=engine_service_url)
+    # an engine pod -> its API base URL, where adapters are loaded (tests point it at fake engines)
+    engine_url: Callable[[dict[str, Any]], str] = field(default=pod_engine_url)
     # which optional kinds (CRDs that may be absent) the cluster serves; made from `kube` when not given
     discovery: Discovery | None = None
     # which resources kopf watches: a kind whose CRD came after the start is handed to kopf to watch
@@ -164,7 +166,8 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     children = expect.view(Children.from_indexes(indexes, isvc.namespace, isvc.name))
     assert ctx.discovery is not None
     runtime = ClusterRuntime(ctx.kube, isvc, children, expect, ctx.plan_settings, ctx.discovery, ctx.replica_url,
-                             body, logger, site=ctx.site, watches=ctx.watches, http=ctx.http)
+                             body, logger, site=ctx.site, watches=ctx.watches, http=ctx.http,
+                             engine_url=ctx.engine_url)
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
     memo["seen_version"] = None  # until the pass has ended: a failed one leaves the next to read afresh

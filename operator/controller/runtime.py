@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, ClassVar, Literal, TypeVar
 
 import httpx
@@ -24,13 +24,17 @@ from folio.operator.controller.discovery import OPTIONAL, Discovery, asked_for
 from folio.operator.controller.executor import apply_plan
 from folio.operator.controller.observe import (
     engine_capacity,
+    engine_pods,
+    gate_patch,
+    gated,
     observe,
+    prepull_weights,
     router_metrics_urls,
 )
 from folio.operator.controller.watches import Watches
-from folio.operator.k8s.client import Kube
+from folio.operator.k8s.client import ApiError, Kube, path
 from folio.operator.k8s.merge_patch import merge_diff
-from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_annotation
+from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_annotation, pod_engine_url
 from folio.operator.parity import SuitePrompt, cluster_suite
 from folio.operator.reconcile import Capacity
 from folio.operator.rollout import Decision, Observed
@@ -44,6 +48,7 @@ from folio.operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
     ParitySpec,
+    now_iso,
 )
 
 T = TypeVar("T")
@@ -110,6 +115,7 @@ class ClusterRuntime:
     missing: tuple[tuple[str, str], ...] = ()
     # the InferenceService's resourceVersion after this pass's own writes (None: it wrote nothing)
     written_version: str | None = None
+    engine_url: Callable[[dict[str, Any]], str] = pod_engine_url  # an engine pod's API base URL (`Context.engine_url`)
 
     @property
     def keda(self) -> bool:
@@ -138,8 +144,28 @@ class ClusterRuntime:
         return Capacity(ready, starting, metrics_urls, asked=SCALE_UP_ANNOTATION in self.isvc.annotations)
 
     def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
-        # never asked: a cluster refuses spec.adapters (`validate.CLUSTER`) until the operator pre-pulls them
-        return "pending", "adapters are not pre-pulled in a cluster yet"
+        return prepull_weights(self.children, self.isvc.name, revision)
+
+    def engines(self, revision: str) -> Sequence[str]:
+        return [self.engine_url(p) for p in engine_pods(self.children, self.isvc.name, revision)]
+
+    async def mark_engines(self, holding: Mapping[str, bool]) -> None:
+        """The pods' `ADAPTERS_GATE` condition, where it is not what ``holding`` says (a JSON patch guarded by a
+        test of the condition's place: a pod that changed meanwhile is left to the next pass)."""
+        now = now_iso(datetime.now(timezone.utc))
+        for pod in engine_pods(self.children, self.isvc.name):
+            url = self.engine_url(pod)
+            if url not in holding or not gated(pod):
+                continue
+            ops = gate_patch(pod, holding[url], now)
+            if not ops:
+                continue
+            where = path("v1", "Pod", self.isvc.namespace, pod["metadata"]["name"]) + "/status"
+            try:
+                await call(lambda: self.kube.call("PATCH", where, body=ops,  # noqa: B023 (awaited at once)
+                                                  content_type="application/json-patch+json"))
+            except ApiError as exc:
+                self.logger.info("adapters gate of pod %s not set (%s): next pass", pod["metadata"]["name"], exc)
 
     def replica_urls(self, revision: str) -> Sequence[str]:
         return [self.replica_url(self.isvc.namespace, self.isvc.name, revision)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from folio.operator.spec import API_VERSION, DOMAIN, GROUP, KIND, PLURAL
 
@@ -26,6 +26,16 @@ MANAGED_BY = "folio"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 ENGINE_PORT = 8000  # `folio serve` in an engine pod
+# The readiness gate of engine pods that serve adapters: the operator sets it True once the pod holds every
+# adapter revision that takes traffic (`folio.operator.reconcile.adapters`), so the routers (and any
+# EndpointSlice reader) send it requests only then.
+ADAPTERS_GATE = "serving.folio.dev/adapters-loaded"
+
+
+def pod_engine_url(pod: dict[str, Any]) -> str:
+    """An engine pod's API base URL, from its IP."""
+    ip = (pod.get("status") or {}).get("podIP") or ""
+    return f"http://{f'[{ip}]' if ':' in ip else ip}:{ENGINE_PORT}"
 ENGINE_METRICS_PORT = 8001  # its /metrics alone (`--metrics-port`): the port a scraper is admitted to
 ROUTER_PORT = 8080  # `folio router` in a router pod
 ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{isvc}`, port 80
@@ -196,8 +206,10 @@ def http_route_name(isvc: str) -> str:
 
 
 def override_annotation(name: str) -> str:
-    """The annotation that asks for a manual override: ``folio.dev/promote``, ``…/abort``, ``…/retry``."""
-    return f"{DOMAIN}/{name}"
+    """The annotation that asks for a manual override: ``folio.dev/promote``, ``…/abort``, ``…/retry``; for one
+    adapter's rollout (``promote@ADAPTER``) ``folio.dev/promote-adapter``, whose value names the adapter."""
+    override, _, adapter = name.partition("@")
+    return f"{DOMAIN}/{override}-adapter" if adapter else f"{DOMAIN}/{override}"
 
 
 # --------------------------------------------------------------------------- namespace

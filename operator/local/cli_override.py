@@ -38,15 +38,12 @@ def main(args: argparse.Namespace) -> int:
             if idle is None:
                 target.client.override(override, adapter)
             where = "local"
-        elif adapter is not None:
-            return fail(override, "--adapter: adapters are served by `folio up` only for now (a cluster refuses "
-                                  "spec.adapters)")
         else:
             assert target.cluster is not None
             found = target.cluster.get(args.name)
-            idle = _idle(override, found.get("status"), found.get("spec"))
+            idle = _idle(override, found.get("status"), found.get("spec"), adapter)
             if idle is None:
-                target.cluster.request_override(args.name, override)
+                target.cluster.request_override(args.name, override, adapter)
             where = f"namespace {target.cluster.namespace}"
     except (ControlError, ClusterError) as exc:
         return fail(override, str(exc))

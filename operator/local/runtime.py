@@ -229,6 +229,12 @@ class LocalRuntime:
         w = self.adapter_files.get(revision) or Weights("pending", "waiting to pre-pull")
         return w.state, w.message
 
+    def engines(self, revision: str) -> Sequence[str]:
+        return self.supervisor.endpoints(revision)
+
+    async def mark_engines(self, holding: Mapping[str, bool]) -> None:
+        pass  # the pass gives the router only the replicas that hold them (`Adapters.endpoints`)
+
     def router_metrics(self) -> list[str]:
         return [f"{self.router_url}/metrics"]
 

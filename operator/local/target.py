@@ -68,12 +68,15 @@ class Cluster:
 
         return self._call(lambda kube: kube.list(API_VERSION, KIND, self.namespace, {}), "the InferenceService resource")
 
-    def request_override(self, name: str, override: str) -> None:
-        """Set ``folio.dev/<override>`` (the value records when it was asked)."""
+    def request_override(self, name: str, override: str, adapter: str | None = None) -> None:
+        """Set ``folio.dev/<override>`` (the value records when it was asked), or for ``adapter``'s rollout
+        ``folio.dev/<override>-adapter`` (the value names it)."""
         from folio.operator.k8s.names import override_annotation
         from folio.operator.spec import API_VERSION, KIND, now_iso
 
-        patch = {"metadata": {"annotations": {override_annotation(override): now_iso(datetime.now(timezone.utc))}}}
+        key = override_annotation(f"{override}@{adapter}" if adapter else override)
+        value = adapter or now_iso(datetime.now(timezone.utc))
+        patch = {"metadata": {"annotations": {key: value}}}
         self._call(lambda kube: kube.merge_patch(API_VERSION, KIND, self.namespace, name, patch),
                    f"InferenceService {name!r}")
 

@@ -62,11 +62,18 @@ class Adapters:
 
     async def observe(self, runtime: Runtime, spec: InferenceServiceSpec, status: InferenceServiceStatus,
                       observed: Observed, http: httpx.AsyncClient) -> Observed:
+        if not (spec.adapters or status.adapters or _lora_on(status)):
+            self.holdings = {}  # no engine serves adapters: nothing to ask them
+            return observed
+        for retry in (x.partition("@")[2] for x in observed.overrides if x.startswith("retry@")):
+            self.refused = {name: why for name, why in self.refused.items() if not name.startswith(f"{retry}@")}
         replicas = _replicas(runtime, status)
         self.holdings = await _holdings(http, [u for urls in replicas.values() for u in urls])
+        required = required_adapters(status)
+        await runtime.mark_engines({u: self.holds(u, required) for urls in replicas.values() for u in urls
+                                    if u in self.holdings})
         if not spec.adapters and not status.adapters:
             return observed
-        required = required_adapters(status)
         serving = {t.revision for t in status.traffic if t.weight > 0}
         rotation = [u for rev, urls in replicas.items() if rev in serving for u in urls if self.holds(u, required)]
         revisions = {
@@ -90,7 +97,7 @@ class Adapters:
         facts = {}
         for rev in status.revisions:
             name = engine_name(adapter.name, rev.name)
-            state, message = runtime.adapter_weights(rev.name)
+            state, message = ("ready", "") if rev.weights_ready else runtime.adapter_weights(rev.name)
             if state == "ready" and name in self.refused:
                 state, message = "failed", self.refused[name]
             holders = [u for u in rotation if name in self.holdings.get(u, frozenset())]
@@ -134,27 +141,34 @@ class Adapters:
 
     # ---------------------------------------------------------------------------- acting
 
-    async def sync(self, runtime: Runtime, serving: ServingPlan, http: httpx.AsyncClient) -> None:
-        """Every ready replica of the running base revisions holds exactly the plan's verified adapter revisions."""
+    async def sync(self, runtime: Runtime, serving: ServingPlan, http: httpx.AsyncClient) -> bool:
+        """Every ready replica of the running base revisions holds exactly the plan's verified adapter revisions;
+        True when something was loaded or unloaded (the next pass should look soon)."""
+        if not self.holdings:
+            return False  # no engine serves adapters, or none answered this pass's question
         loads = serving.adapters.loads
-        replicas = [u for r in serving.revisions for u in runtime.replica_urls(r.name)]
-        await asyncio.gather(*(self._sync_one(http, url, loads) for url in replicas))
+        replicas = [u for r in serving.revisions for u in runtime.engines(r.name)]
+        return any(await asyncio.gather(*(self._sync_one(http, url, loads) for url in replicas)))
 
-    async def _sync_one(self, http: httpx.AsyncClient, url: str, loads: Mapping[str, AdapterRevisionPlan]) -> None:
+    async def _sync_one(self, http: httpx.AsyncClient, url: str, loads: Mapping[str, AdapterRevisionPlan]) -> bool:
         have = self.holdings.get(url)
         if have is None:
-            return  # not seen by this pass's observation (just ready): the next pass syncs it
+            return False  # not seen by this pass's observation (just ready): the next pass syncs it
+        changed = False
         for name in sorted(have - loads.keys()):
             await self._call(http, url, "unload", {"lora_name": name})
+            changed = True
         for name, plan in loads.items():
             if name in have or name in self.refused:
                 continue
+            changed = True
             body = {"lora_name": name, "lora_path": plan.path, "served_name": plan.adapter}
             if plan.pin.digest:
                 body["digest"] = plan.pin.digest
             refused = await self._call(http, url, "load", body)
             if refused is not None:
                 self.refused[name] = f"an engine refused to load it: {refused}"
+        return changed
 
     async def _call(self, http: httpx.AsyncClient, url: str, verb: str, body: dict[str, str]) -> str | None:
         """POST one load or unload; the engine's message when it refuses (400), None otherwise (an engine that is
@@ -172,8 +186,13 @@ class Adapters:
         return None
 
 
+def _lora_on(status: InferenceServiceStatus) -> bool:
+    """A running revision's engines serve adapters (and, in a cluster, wait on the adapters gate)."""
+    return any(r.args.get("enableLora") is True for r in status.revisions if r.role in RUNNING_ROLES)
+
+
 def _replicas(runtime: Runtime, status: InferenceServiceStatus) -> dict[str, list[str]]:
-    return {r.name: list(runtime.replica_urls(r.name)) for r in status.revisions if r.role in RUNNING_ROLES}
+    return {r.name: list(runtime.engines(r.name)) for r in status.revisions if r.role in RUNNING_ROLES}
 
 
 async def _holdings(http: httpx.AsyncClient, urls: Sequence[str]) -> dict[str, frozenset[str]]:

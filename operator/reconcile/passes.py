@@ -30,6 +30,8 @@ from folio.operator.serving.plan import plan
 from folio.operator.serving.validate import Problem, parse
 from folio.operator.spec import InferenceServiceSpec, InferenceServiceStatus
 
+SYNCED_S = 1.0  # after adapters were loaded or unloaded, the next pass this soon
+
 
 @dataclass(frozen=True)
 class Target:
@@ -88,11 +90,13 @@ async def run_pass(runtime: Runtime, memory: Memory, target: Target) -> Outcome:
         serving = plan(target.name, spec, decision.status, runtime.placement,
                        memory.adapters.endpoints(runtime, decision.status))
         await runtime.execute(serving, decision)
-        await memory.adapters.sync(runtime, serving, http)  # the router follows the plan already
+        synced = await memory.adapters.sync(runtime, serving, http)  # the router follows the plan already
     ended = datetime.now(timezone.utc)
     memory.sampler.restart(spec.rollout.analysis, decision.status, ended)  # a canary's samples count from its traffic
     memory.adapters.restart(spec, decision.status, ended)
     decision.requeue_after = memory.sampler.requeue(decision.requeue_after, decision.status, ended)
+    if synced:  # engines just loaded or unloaded adapters: the next pass puts them in rotation
+        decision.requeue_after = min(decision.requeue_after or SYNCED_S, SYNCED_S)
     return Outcome(decision)
 
 

@@ -59,8 +59,18 @@ class Runtime(Protocol):
         ...
 
     def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
-        """Where the pre-pull of an adapter revision stands (the plan's `AdapterPlan.pulls` starts it), and
-        what to show about it."""
+        """Where the pre-pull of an adapter revision not verified yet stands (the plan's `AdapterPlan.pulls`
+        starts it), and what to show about it."""
+        ...
+
+    def engines(self, revision: str) -> Sequence[str]:
+        """Base URLs of each running engine replica of ``revision`` that answers (whether or not it holds its
+        adapters yet): where adapters are loaded and unloaded (`folio.operator.reconcile.adapters`)."""
+        ...
+
+    async def mark_engines(self, holding: Mapping[str, bool]) -> None:
+        """Say which engines (by `engines` URL) hold every adapter revision that takes traffic: only those may
+        take requests (a cluster's pods carry it as a readiness gate; here `endpoints` are filtered by it)."""
         ...
 
     def router_metrics(self) -> list[str]:

@@ -110,20 +110,25 @@ def set_fit(previous: Sequence[Condition], spec: InferenceServiceSpec, status: I
 
 
 def fits(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> tuple[str, ConditionStatus, str, str] | None:
-    """Whether every engine can keep the adapter revisions it holds (each replica holds all of them) in its host
-    cache (``maxCpuLoras``, default ``maxLoras``, default 1): beyond it, an engine reads adapters from disk
-    again and again. None without adapters."""
+    """Whether the engines can keep the running adapter revisions in memory: each caches ``maxCpuLoras``
+    (default ``maxLoras``, default 1) and the routers send an adapter's requests to the replicas holding it,
+    so the stable revision's replicas hold that many times their count. Beyond, engines read adapter files
+    from disk again and again. None without adapters."""
     if not spec.adapters:
         return None
     args = engine_args(spec)
     loras = args.get("maxLoras", 1)
     cache = args.get("maxCpuLoras", loras)
+    stable = status.revision(status.stable_revision)
+    replicas = max(1, stable.ready_replicas if stable is not None else spec.replicas)
     held = sum(r.role in RUNNING_ROLES for a in status.adapters for r in a.revisions)
-    if not isinstance(cache, int) or held <= cache:
-        return FITS, "True", "Fits", f"{held} adapter revision(s) per engine, host cache {cache} (maxCpuLoras)"
+    if not isinstance(cache, int) or held <= cache * replicas:
+        return FITS, "True", "Fits", (f"{held} adapter revision(s) running; the engines keep {cache} each in memory "
+                                      f"(maxCpuLoras) on {replicas} replica(s)")
     return FITS, "False", "TooManyAdapters", (
-        f"each engine holds {held} adapter revisions but caches {cache} (spec.engine.args.maxCpuLoras, default "
-        "maxLoras): requests under the others reload their files from disk; raise maxCpuLoras (and maxLoras)"
+        f"{held} adapter revisions run but {replicas} replica(s) keep {cache} each in memory (spec.engine.args."
+        "maxCpuLoras, default maxLoras): requests under the others read their files from disk again and again; "
+        "raise maxCpuLoras (and maxLoras) or the replicas"
     )
 
 

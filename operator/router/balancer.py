@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from folio.operator.metric_names import AFFINITY_HIT, AFFINITY_NEW, AFFINITY_SPILL
 from folio.operator.router.affinity import from_text
 from folio.operator.router.outliers import OutlierDetector
-from folio.operator.router.ring import HashRing, key_hash, place
+from folio.operator.router.ring import HashRing, key_hash, load_bound, place
 from folio.operator.spec import LoadBalancingSpec
 
 STALE_AFTER = 3.0  # seconds: an older scrape is not used (three missed ones at the 1 s cadence)
@@ -49,6 +49,7 @@ class Replica:
     ours_at_scrape: int = 0
     kv_usage: float = 0.0
     scraped_at: float | None = None
+    resident: frozenset[str] = frozenset()  # adapters its engine holds in memory (engine names), at that scrape
 
     def mark_up(self) -> None:
         self.healthy, self.failures, self.last_error = True, 0, ""
@@ -137,19 +138,22 @@ class Balancer:
         return added
 
     def pick(
-        self, revision: str | None, exclude: Collection[Replica] = (), key: str | None = None
+        self, revision: str | None, exclude: Collection[Replica] = (), key: str | None = None,
+        adapter: str | None = None,
     ) -> Replica | None:
+        """``adapter``: the request runs under this adapter revision (its engine name): placed among the replicas
+        that hold it in memory while one of them is under the load bound, else anywhere (one loads it)."""
         pool = self._pools.get(revision) if revision is not None else None
         if pool is None or not pool.replicas:
             return None
         now = self._clock()
+        allowed = self._allowed(pool, exclude, adapter, now)
         if key is not None and self.by_prefix and len(pool.replicas) > 1:
             hashed = key_hash(key)
             holders = pool.holders(hashed)
             new = holders is None and from_text(key)  # a new session is placed for its next turns: by the ring
             best, spilled = place(
-                pool.ring, hashed, lambda r: self.queue_load(r, now),
-                lambda r: self.usable(r) and r not in exclude, self.settings.mean_load_factor,
+                pool.ring, hashed, lambda r: self.queue_load(r, now), allowed, self.settings.mean_load_factor,
                 holders=None if new else holders or (), tie=lambda r: self.load(r, now)[1],
             )  # fmt: skip
             if best is not None:
@@ -157,12 +161,31 @@ class Balancer:
                 if self.on_affinity is not None:
                     self.on_affinity(best.revision, AFFINITY_NEW if new else AFFINITY_SPILL if spilled else AFFINITY_HIT)
         else:
-            best = self._least_loaded(pool, exclude, now)
+            best = self._least_loaded(pool, allowed, now)
         if best is not None:
             self.outliers.started(best)  # a half-open replica's one trial request
         return best
 
-    def _least_loaded(self, pool: _Pool, exclude: Collection[Replica], now: float) -> Replica | None:
+    def _allowed(self, pool: _Pool, exclude: Collection[Replica], adapter: str | None,
+                 now: float) -> Callable[[Replica], bool]:
+        """Which replicas may take the request: usable and not excluded; for an adapter, those holding it in
+        memory (fresh scrapes) while one of them is under the pool's load bound."""
+
+        def usable(r: Replica) -> bool:
+            return self.usable(r) and r not in exclude
+
+        if adapter is None:
+            return usable
+        hot = {r for r in pool.replicas if usable(r) and self.fresh(r, now) and adapter in r.resident}
+        if not hot:
+            return usable
+        loads = [self.queue_load(r, now) for r in pool.replicas if usable(r)]
+        bound = load_bound(sum(loads), len(loads), self.settings.mean_load_factor)
+        if not any(self.queue_load(r, now) + 1 <= bound for r in hot):
+            return usable  # every holder is loaded beyond the bound: another replica loads the adapter
+        return hot.__contains__
+
+    def _least_loaded(self, pool: _Pool, allowed: Callable[[Replica], bool], now: float) -> Replica | None:
         replicas = pool.replicas
         n = len(replicas)
         start = pool.cursor % n
@@ -171,7 +194,7 @@ class Balancer:
         best_load = (0, 0.0)
         for i in range(n):
             r = replicas[(start + i) % n]
-            if not self.usable(r) or r in exclude:
+            if not allowed(r):
                 continue
             load = self.load(r, now)
             if best is None or load < best_load:

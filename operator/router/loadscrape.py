@@ -4,6 +4,8 @@ The router counts only the requests it sent itself; other router replicas (and a
 engine directly) load it too. `vllm:num_requests_running` and `vllm:num_requests_waiting` (what the
 engine holds, this router's requests among them) and `vllm:kv_cache_usage_perc` (how full its KV cache
 is) say so; the balancer counts what the engine held beyond our own in-flight requests of that moment.
+`folio_engine_lora_resident` says which adapters it holds in memory: the balancer prefers those replicas for
+an adapter's requests.
 A scrape that fails, and one older than `balancer.STALE_AFTER` (the scraper stalled), is not used:
 the balancer falls back to in-flight counts alone.
 """
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
+from folio.engine.server.metrics import LORA_RESIDENT
 from folio.operator.router.balancer import Replica
 from folio.operator.router.polling import ReplicaPoller
 
@@ -26,6 +29,18 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 _NAMES = (RUNNING, WAITING, KV_USAGE)
+
+
+def parse_resident(text: str) -> frozenset[str]:
+    """The adapters an engine holds in memory (``folio_engine_lora_resident``, by ``lora_name``)."""
+    prefix = f'{LORA_RESIDENT}{{lora_name="'
+    found = set()
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            name, _, rest = line[len(prefix):].partition('"')
+            if rest.startswith("}") and rest[1:].split()[:1] != ["0.0"]:
+                found.add(name)
+    return frozenset(found)
 
 
 def parse_load(text: str) -> tuple[int, float] | None:
@@ -86,6 +101,7 @@ class LoadScraper(ReplicaPoller):
             replica.scraped_at = None
             return False
         replica.engine_requests, replica.kv_usage = load
+        replica.resident = parse_resident(text) if text is not None else frozenset()
         replica.ours_at_scrape = replica.in_flight  # the engine's count includes these
         replica.scraped_at = self._clock()
         return True

@@ -95,6 +95,11 @@ class ProxyRequest:
     def streamed(self) -> bool:
         return self.parsed is not None and bool(self.parsed.get("stream"))
 
+    @property
+    def engine_model(self) -> str | None:
+        """The adapter revision it runs under, as engines name it (None: the base model)."""
+        return engine_name(*self.adapter) if self.adapter != NO_ADAPTER else None
+
     def under(self, adapter: Adapter) -> ProxyRequest:
         """The request sent to one revision of the adapter its ``model`` names: engines know each adapter revision
         by a name of its own (`folio.operator.serving.adapters.engine_name`) and answer under the adapter's."""
@@ -183,7 +188,8 @@ class Proxy:
         stable = config.stable
         primary = state.split.choose() if req.use_split else stable
         # A revision with nothing ready yet (or all ejected) must not fail requests others could serve.
-        replica = balancer.pick(primary, key=req.affinity) or balancer.pick_any([stable], exclude=())
+        replica = balancer.pick(primary, key=req.affinity, adapter=req.engine_model) or balancer.pick_any([stable],
+                                                                                                        exclude=())
         comparison = self._maybe_shadow(req, replica.revision) if req.mirror and replica is not None else None
         capture = comparison.primary if comparison is not None else None
 
@@ -211,11 +217,12 @@ class Proxy:
                 following = balancer.pick_any([stable, primary], exclude=tried)
             elif failure.retryable and not retried:
                 retried = True
-                following = balancer.pick(stable, exclude=tried)
                 back = state.adapter_stable(req.adapter)
                 if back is not None:  # a failing adapter revision: its stable one, on the same replica if need be
                     req = req.under(back)
-                    following = following or balancer.pick(stable)
+                following = balancer.pick(stable, exclude=tried, adapter=req.engine_model)
+                if following is None and back is not None:
+                    following = balancer.pick(stable, adapter=req.engine_model)
             if following is None:
                 break
             self.metrics.retry(replica.revision, following.revision)

@@ -1,4 +1,5 @@
-"""The weights cache in a cluster: its PVC, and the pre-pull Job that fills it for one revision.
+"""The weights cache in a cluster: its PVC, and the pre-pull Job that fills it for one revision (or adapter
+revision: ``/weights/adapters/{rev}/<name>``, `folio.operator.serving.adapters`).
 
 ``{isvc}-weights`` holds one folder per revision, ``/weights/{rev}/<model>`` where the engine pods
 mount it read-only; while a revision's weights are not verified, the Job ``{isvc}-prepull-{rev}``
@@ -53,13 +54,15 @@ def prepull_job(
     image: str,
     owner: Obj | None = None,
     backoff_limit: int = 2,
+    dest: str | None = None,
 ) -> Obj:
-    """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it.
+    """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it
+    (``dest``: elsewhere in the cache, as an adapter revision's ``/weights/adapters/{rev}``).
 
     ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
     InferenceService, so the Job goes with it.
     """
-    args = ["--source", model.source, "--dest", weights_path(rev, model)]
+    args = ["--source", model.source, "--dest", dest or weights_path(rev, model)]
     if model.revision:
         args += ["--revision", model.revision]
     if model.digest:

@@ -2,7 +2,8 @@
 
 With InferencePools (`folio.operator.serving.inference_pool`) and `spec.router.gateway`, Folio publishes
 one `gateway.networking.k8s.io/v1` HTTPRoute named after the InferenceService, attached to that Gateway
-(the platform team's), whose one rule sends every path to the revisions' pools with the weights of
+(the platform team's), whose one rule sends the OpenAI API's paths (`API_PATHS`: never the engines' others,
+such as their runtime adapter endpoints) to the revisions' pools with the weights of
 `status.traffic`: stable 100 - w and canary w at a canary step, 100/0 after a promotion or a rollback,
 0 for a revision that is running but takes no traffic (a retiring one, a canary still starting). The
 rollout writes `status.traffic` at every step and every pass renders the route from it, so the
@@ -25,6 +26,8 @@ from folio.operator.spec import GatewayRef, TrafficTarget
 Obj = dict[str, Any]
 
 API_VERSION, KIND = HTTP_ROUTE  # declared in k8s.names, with its plural
+# What a client may reach through the Gateway: the paths Folio's own router serves too
+API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 GROUP = API_VERSION.split("/")[0]
 PLURAL = PLURALS[HTTP_ROUTE]
 
@@ -55,6 +58,7 @@ def http_route(
                      "ownerReferences": [owner_reference]},
         "spec": {
             "parentRefs": [parent],
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}],
+            "rules": [{"matches": [{"path": {"type": "Exact", "value": p}} for p in API_PATHS],
+                       "backendRefs": backends}],
         },
     }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folio.operator.k8s.names import (
+    ADAPTERS_GATE,
     ENDPOINT_PICKER_CLUSTER_ROLE,
     ENGINE_METRICS_PORT,
     ENGINE_PORT,
@@ -149,6 +150,9 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
         out.append(engine_service(owner, rev.name))
         if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
             out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref))
+    for pull in serving.adapters.pulls:
+        out.append(prepull_job(owner.name, owner.namespace, pull.revision, pull.pin, image=settings.image, owner=ref,
+                               dest=pull.path))
     out += router_objects(owner, spec, settings)
     out += disruption_budgets(owner)
     pools = wanted(spec.router.inference_pool, settings.inference_pool)
@@ -231,6 +235,8 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
             parallel.shm_volume(rev.args),  # sized for NCCL when the engine spans several GPUs
         ],
     }
+    if rev.args.get("enableLora") is True:  # in rotation once it holds the adapters that take traffic
+        pod_spec["readinessGates"] = [{"conditionType": ADAPTERS_GATE}]
     if spec.engine.node_selector:
         pod_spec["nodeSelector"] = dict(spec.engine.node_selector)
     if spec.engine.tolerations:

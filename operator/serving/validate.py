@@ -15,7 +15,6 @@ The same spec gets the same verdict in a cluster and on this machine, except for
 | engine replicas per revision at most   | 512 (`MAX_REPLICAS`)      | 16 (`LOCAL_MAX_REPLICAS`)     |
 | parity suite source                    | configMapRef              | suiteFile                     |
 | fault-injection args (`FAULT_ARGS`)    | refused (see below)       | kept                          |
-| spec.adapters                          | refused (not yet)         | served                        |
 
 (The fault-injection args, `faultErrorRate`, `faultLatencyMs`, `faultLogitNoise`, `faultCrashAfterTokens` and
 `faultAdapterFiles`, make a revision (or an adapter revision) fail, slow down or answer differently on purpose: test aids for rollback and the parity gate. A cluster's
@@ -103,11 +102,10 @@ class Site:
     replica: str  # what one engine replica is there, for the messages
     parity_suites: tuple[str, ...]  # the spec.rollout.parity fields it reads a suite from
     fault_injection: bool  # whether it runs the engine's fault-injection args (`FAULT_ARGS`)
-    adapters: bool = True  # whether it serves spec.adapters
 
 
 CLUSTER = Site("a cluster", "`folio up`", ("hf", "pvc", "file"), MAX_REPLICAS, "engine pods", ("configMapRef",),
-               fault_injection=False, adapters=False)
+               fault_injection=False)
 THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",),
                     fault_injection=True)
 SITES = (CLUSTER, THIS_MACHINE)
@@ -140,6 +138,7 @@ def parse(
             problems += schema_problems(exc, "spec")
     problems += non_finite
     if model is not None:
+        problems += _served_name(name, model)
         planned = planning_problems(model, router=not non_finite)
         # one problem per field: a fault arg whose value is wrong anyway is reported as that, on every site
         taken = {p.path for p in planned}
@@ -316,6 +315,17 @@ def _source(path: str, pin: ModelSource) -> list[Problem]:
     return []
 
 
+def _served_name(name: object, spec: InferenceServiceSpec) -> list[Problem]:
+    """An adapter named like the base model's default served name, the InferenceService's (the schema's CEL
+    refuses one named like spec.model.servedName): a request for it could not tell them apart."""
+    if spec.model.served_name is not None:
+        return []
+    return [Problem(f"spec.adapters[{i}].name", INVALID_SPEC,
+                    f"adapter {a.name!r} is named like the base model's served name (the InferenceService's name, "
+                    "as spec.model.servedName is unset): rename it, or set spec.model.servedName")
+            for i, a in enumerate(spec.adapters) if a.name == name]  # fmt: skip
+
+
 def _adapters(spec: InferenceServiceSpec) -> list[Problem]:
     """Adapters need LoRA on (the operator turns it on itself unless the spec turns it off), and sources
     the pre-pull can name."""
@@ -412,11 +422,6 @@ def _site(spec: InferenceServiceSpec, site: Site) -> list[Problem]:
                     f"spec.rollout.parity.{key} needs {site.other}; {site.name} reads a suite from "
                     f"{' or '.join(site.parity_suites)} (or uses the default suite)",
                 ))  # fmt: skip
-    if spec.adapters and not site.adapters:
-        problems.append(Problem(
-            "spec.adapters", UNSUPPORTED_HERE,
-            f"spec.adapters needs {site.other} for now: {site.name} does not load adapters onto its engines yet",
-        ))  # fmt: skip
     if not site.fault_injection:
         paths = [(key, field_path(("spec", "engine", "args", key))) for key in FAULT_ARGS if key in spec.engine.args]
         problems += [

@@ -29,6 +29,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
     ("", "pods"): frozenset({"list", "watch"}),
+    # the adapters readiness gate of engine pods (serving.folio.dev/adapters-loaded)
+    ("", "pods/status"): frozenset({"patch"}),
     ("", "events"): frozenset({"create"}),
     # a parity gate's own suite (spec.rollout.parity.configMapRef), read by name
     ("", "configmaps"): frozenset({"get"}),

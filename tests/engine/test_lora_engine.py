@@ -98,6 +98,7 @@ def test_adapter_waits_for_a_slot(models, adapters) -> None:
     engine = llm.llm_engine
     engine.add_lora(a)
     engine.add_lora(b)
+    assert engine.lora_resident() == [b.lora_name], "read (checked) when added; one host-cache place: the last"
     ps = prompts(3)
     engine.add_request("a", ps[0], GREEDY, lora_request=a)
     engine.add_request("b", ps[1], GREEDY, lora_request=b)
@@ -112,6 +113,8 @@ def test_adapter_waits_for_a_slot(models, adapters) -> None:
             assert engine.lora_state() == ([a.lora_name], [b.lora_name])
             first = False
     assert engine.lora_state() == ([], [])
+    # one host-cache place (max_cpu_loras = max_loras = 1): b, read last, is the one in memory now
+    assert engine.lora_resident() == [b.lora_name]
     assert done["b"] == tokens(llm.generate([ps[1]], GREEDY, lora_request=b))[0]
     assert done["a"] == tokens(llm.generate([ps[0]], GREEDY, lora_request=a))[0]
 

@@ -105,6 +105,7 @@ def test_names_of_the_optional_and_derived_objects() -> None:
     assert http_route_name("chat") == "chat"
     assert network_policy_name("chat") == "chat-engine"
     assert override_annotation("promote") == "folio.dev/promote"
+    assert override_annotation("promote@sql") == "folio.dev/promote-adapter"  # its value names the adapter
     assert INFERENCE_POOL == ("inference.networking.k8s.io/v1", "InferencePool")
     assert SCALED_OBJECT == ("keda.sh/v1alpha1", "ScaledObject")
     assert PLURALS[INFERENCE_POOL] == "inferencepools" and INFERENCE_POOL in MANAGED_KINDS

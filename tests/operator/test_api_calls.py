@@ -38,6 +38,8 @@ NOT_CALLED: dict[Call, str] = {
     ("serving.folio.dev", "inferenceservices/finalizers", "update"): "admission check",
     # only a parity gate given spec.rollout.parity.configMapRef reads it (tests/operator/test_parity_gate.py)
     ("", "configmaps", "get"): "a rollout feature this lifecycle does not use",
+    # only engine pods that serve adapters carry the adapters readiness gate (tests/operator/test_adapters.py)
+    ("", "pods/status", "patch"): "spec.adapters only: the adapters readiness gate",
     **{("keda.sh", "scaledobjects", verb): "spec.autoscaling.keda only: test_keda_calls_what_the_chart_grants"
        for verb in ALLOWED[("keda.sh", "scaledobjects")]},
 }

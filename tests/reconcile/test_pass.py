@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -50,6 +50,15 @@ class Recorder:
 
     def replica_urls(self, revision: str) -> Sequence[str]:
         return []
+
+    def adapter_weights(self, revision: str) -> tuple[Literal["pending", "ready", "failed"], str]:
+        raise AssertionError("no adapters in these specs")
+
+    def engines(self, revision: str) -> Sequence[str]:
+        raise AssertionError("no engine serves adapters in these specs: none is asked what it holds")
+
+    async def mark_engines(self, holding: Mapping[str, bool]) -> None:
+        raise AssertionError("no engine serves adapters in these specs")
 
     def suite(self, gate: ParitySpec) -> Callable[[], Awaitable[list[SuitePrompt]]]:
         raise AssertionError("no gate in these specs")

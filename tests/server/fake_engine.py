@@ -143,6 +143,9 @@ class FakeEngine:
 
         return names(list(self.running.values())), names(self.waiting)
 
+    def lora_resident(self) -> list[str]:
+        return sorted(self.loras)  # a fake holds every adapter in memory
+
     def _check_lora(self, lora: LoRARequest | None) -> None:
         if lora is not None and self.loras.get(lora.lora_name) != lora:
             raise LoRAError(f"adapter {lora.lora_name!r} (id {lora.lora_int_id}) is not loaded")

@@ -16,6 +16,7 @@ import pytest
 from folio.engine import serve_cli
 from folio.engine.lora import LoRARequest
 from folio.engine.server.lora import RUNTIME_UPDATING_ENV
+from folio.engine.server.metrics import LORA_RESIDENT
 from tests.server.conftest import MODEL, Running
 from tests.server.fake_engine import SCRIPT, FakeEngine
 
@@ -334,3 +335,14 @@ def test_the_lora_info_gauge_names_running_and_waiting_adapters(lora_server: Cal
 def test_no_lora_info_without_enable_lora(fake_server: Callable[..., Running]) -> None:
     with fake_server().http() as http:
         assert "vllm:lora_requests_info" not in http.get("/metrics").text
+
+
+def test_metrics_name_the_adapters_in_memory(lora_server: Callable[..., Running]) -> None:
+    server = lora_server()
+    with server.http() as http:
+        assert complete(http, "sql").status_code == 200  # a step: the loop's snapshot of the engine is fresh
+        text = http.get("/metrics").text
+    resident = sorted(line.split('"')[1] for line in text.splitlines() if line.startswith(f"{LORA_RESIDENT}{{"))
+    assert resident == sorted(server.app.state.server.engine.lora_resident) and "sql" in resident
+    server.app.state.server.engine.lora_resident = []
+    assert f"{LORA_RESIDENT}{{" not in server.app.state.server.engine.metrics.render().decode()

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from folio.operator.k8s.names import ENGINE_PORT, MANAGED_KINDS
+from folio.operator.router.app import PROXIED
 from folio.operator.serving import http_route
+from folio.operator.serving.http_route import API_PATHS
 from folio.operator.serving.inference_pool import API_VERSION, KIND, PLURAL
 from folio.operator.serving.objects import PlanSettings, objects
 from folio.operator.serving.plan import Placement, plan
@@ -177,7 +179,7 @@ def test_without_a_gateway_the_pools_are_published_and_no_route() -> None:
     assert not [o for o in objs if o["kind"] == http_route.KIND]
 
 
-def test_the_route_attaches_to_the_gateway_and_sends_every_path_to_the_pools() -> None:
+def test_the_route_attaches_to_the_gateway_and_sends_the_api_paths_to_the_pools() -> None:
     spec, stable, canary = _two_revisions(gateway=GATEWAY)
     route = _route(_planned(spec, [stable, canary], {stable.name: 95, canary.name: 5}))
     assert upstream_errors(route, ROUTE_SCHEMA) == [] and pruned_fields(route, ROUTE_SCHEMA) == []
@@ -187,7 +189,10 @@ def test_the_route_attaches_to_the_gateway_and_sends_every_path_to_the_pools() -
                                             "name": "inference-gateway", "namespace": "gateway-system",
                                             "sectionName": "http"}]
     (rule,) = route["spec"]["rules"]
-    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    # the OpenAI API alone: an engine's other paths (its runtime adapter endpoints) are not the Gateway's
+    assert rule["matches"] == [{"path": {"type": "Exact", "value": p}}
+                               for p in ("/v1/completions", "/v1/chat/completions", "/v1/models")]
+    assert set(API_PATHS) == set(PROXIED), "the paths Folio's router serves"
     assert rule["backendRefs"] == [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": f"chat-{stable.name}", "weight": 95},
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": f"chat-{canary.name}", "weight": 5},

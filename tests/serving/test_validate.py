@@ -308,3 +308,16 @@ def test_summary_is_one_condition() -> None:
     problems = validate("Bad", spec(replicas=99), THIS_MACHINE)
     reason, message = summary(problems)
     assert reason == "InvalidName" and message == "; ".join(str(p) for p in problems) and "spec.replicas 99" in message
+
+
+def test_adapter_problems_name_their_field_on_every_site() -> None:
+    pin = {"source": "hf://acme/lora", "revision": "a" * 40}
+    like_the_model = spec(adapters=[{"name": "chat", **pin}])
+    for site in (CLUSTER, THIS_MACHINE):
+        assert found(validate("chat", like_the_model, site)) == [("spec.adapters[0].name", "InvalidSpec")]
+        named = spec(model={**spec()["model"], "servedName": "assistant"}, adapters=[{"name": "chat", **pin}])
+        assert validate("chat", named, site) == [], "with servedName set, the InferenceService's name is free"
+        lora_off = spec(engine={"args": {"enableLora": False}}, adapters=[{"name": "sql", **pin}])
+        assert found(validate("chat", lora_off, site)) == [("spec.engine.args.enableLora", "InvalidEngineArgs")]
+        bad_source = spec(adapters=[{"name": "sql", "source": "file:///", "digest": "sha256:" + "b" * 64}])
+        assert found(validate("chat", bad_source, site)) == [("spec.adapters[0].source", "InvalidModelSource")]

@@ -18,10 +18,14 @@ from folio.operator.analysis.windows import NO_FIGURES, Figures, ms
 from folio.operator.spec import AnalysisSample, AnalysisSpec, as_utc
 
 
-def promql_queries(isvc: str, canary: str, stable: str | None, window: str) -> dict[str, str]:
-    """The PromQL behind each figure; ``window`` is the analysis interval (e.g. ``30s``)."""
+def promql_queries(isvc: str, canary: str, stable: str | None, window: str,
+                   adapter: str | None = None) -> dict[str, str]:
+    """The PromQL behind each figure; ``window`` is the analysis interval (e.g. ``30s``); ``adapter``: the
+    revisions are that adapter's (its requests' series, over every base revision)."""
 
     def sel(rev: str, extra: str = "") -> str:
+        if adapter is not None:
+            return f'{{{m.ISVC}="{isvc}",{m.ADAPTER}="{adapter}",{m.ADAPTER_REVISION}="{rev}"{extra}}}'
         return f'{{{m.ISVC}="{isvc}",{m.REVISION}="{rev}"{extra}}}'
 
     def p(q: float, metric: str, rev: str) -> str:
@@ -54,11 +58,11 @@ def _scalar(body: dict) -> float | None:
 
 async def prometheus_figures(
     client: httpx.AsyncClient, base_url: str, isvc: str, canary: str, stable: str | None,
-    spec: AnalysisSpec, now: datetime,
+    spec: AnalysisSpec, now: datetime, adapter: str | None = None,
 ) -> Figures:
     """The interval's figures from Prometheus' HTTP API (instant queries evaluated at ``now``)."""
     values: dict[str, float | None] = {}
-    for key, query in promql_queries(isvc, canary, stable, spec.interval).items():
+    for key, query in promql_queries(isvc, canary, stable, spec.interval, adapter).items():
         resp = await client.get(
             f"{base_url.rstrip('/')}/api/v1/query",
             params={"query": query, "time": f"{as_utc(now).timestamp():.3f}"},
@@ -78,11 +82,11 @@ async def prometheus_figures(
 
 async def prometheus_sample(
     client: httpx.AsyncClient, base_url: str, isvc: str, canary: str, stable: str | None,
-    spec: AnalysisSpec, now: datetime,
+    spec: AnalysisSpec, now: datetime, adapter: str | None = None,
 ) -> AnalysisSample:
     """`judge` on Prometheus figures; an unreachable Prometheus is Inconclusive, never a pass."""
     try:
-        figures = await prometheus_figures(client, base_url, isvc, canary, stable, spec, now)
+        figures = await prometheus_figures(client, base_url, isvc, canary, stable, spec, now, adapter)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return judge(NO_FIGURES, spec, now, [f"Prometheus at {base_url} could not be queried: {exc}"])
     return judge(figures, spec, now)

@@ -78,7 +78,8 @@ class IntervalSampler:
         if spec.prometheus is not None:
             if canary is None:
                 return None
-            return await prometheus_sample(client, spec.prometheus.url, self.isvc, canary, stable, spec, now)
+            return await prometheus_sample(client, spec.prometheus.url, self.isvc, canary, stable, spec, now,
+                                           self.scrapes.adapter)
         texts, notes = await scrape_routers(client, router_urls)
         if canary is None:
             self.scrapes.ingest(texts)  # keeps the baseline current

@@ -42,15 +42,10 @@ _ROLLOUT_FIELDS = tuple(RolloutStatus.model_fields)
 
 
 def adapter_view(spec: InferenceServiceSpec, adapter: AdapterSpec) -> InferenceServiceSpec:
-    """The spec `advance` rolls ``adapter`` out by: its pin as the model, its own rollout (else the service's).
-    Analysis reads the router's per-adapter series (`folio.operator.analysis`), never Prometheus."""
-    rollout = adapter.rollout or spec.rollout
-    analysis = rollout.analysis.model_copy(update={"prometheus": None})
-    view = InferenceServiceSpec(
-        model=adapter.pin(),
-        engine=EngineSpec(image=ADAPTER_IMAGE),
-        rollout=rollout.model_copy(update={"analysis": analysis}),
-    )
+    """The spec `advance` rolls ``adapter`` out by: its pin as the model, its own rollout (else the service's);
+    its analysis reads the routers' series of that adapter (`folio.operator.analysis`, scraped or by PromQL)."""
+    view = InferenceServiceSpec(model=adapter.pin(), engine=EngineSpec(image=ADAPTER_IMAGE),
+                                rollout=adapter.rollout or spec.rollout)
     assert revision_name(view) == adapter_revision_name(adapter), "one identity for an adapter revision"
     return view
 

@@ -51,3 +51,13 @@ async def test_prometheus_down_or_empty_is_inconclusive() -> None:
     async with prometheus({"histogram_quantile": None, "folio_router_requests_total": None}, []) as client:
         sample = await prometheus_sample(client, "http://prom:9090", "chat", "c1", "s1", SPEC, T0)
     assert sample.verdict == "Inconclusive" and sample.latency_p99_ms is None
+
+
+async def test_an_adapters_sample_queries_that_adapters_series() -> None:
+    seen: list[str] = []
+    answers = {"histogram_quantile": 0.1, "folio_router_requests_total": 80}
+    async with prometheus(answers, seen) as client:
+        sample = await prometheus_sample(client, "http://prom:9090", "chat", "s2", "s1", SPEC, T0, adapter="sql")
+    assert sample.requests == 80
+    assert set(seen) == set(promql_queries("chat", "s2", "s1", "30s", adapter="sql").values())
+    assert all('adapter="sql"' in q and 'revision="' not in q.replace("adapter_revision", "") for q in seen)

@@ -54,7 +54,10 @@ class RouterScrapes:
         return judge(figures_from_windows(window, canary, stable), spec, now, [*notes, *more])
 
 
-async def scrape_routers(client: httpx.AsyncClient, urls: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+Scraped = tuple[dict[str, str], list[str]]  # {router url: metrics text}, notes on the ones not scraped
+
+
+async def scrape_routers(client: httpx.AsyncClient, urls: Sequence[str]) -> Scraped:
     """GET every router's /metrics; unreachable ones are left out and named in the notes."""
     texts, notes = {}, []
     for url in urls:

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import httpx
 
 from folio.operator.analysis.prometheus import prometheus_sample
-from folio.operator.analysis.router_scrape import RouterScrapes, scrape_routers
+from folio.operator.analysis.router_scrape import RouterScrapes, Scraped, scrape_routers
 from folio.operator.spec import AnalysisSample, AnalysisSpec, RolloutStatus, as_utc
 
 
@@ -71,16 +71,18 @@ class IntervalSampler:
         status: RolloutStatus,
         spec: AnalysisSpec,
         now: datetime,
+        scraped: Scraped | None = None,
     ) -> AnalysisSample | None:
         """Scrape now (every router's ``/metrics`` in ``router_urls``, or Prometheus); a sample when the
-        canary takes traffic, else None (only the baseline moves)."""
+        canary takes traffic, else None (only the baseline moves). ``scraped``: the routers' texts and notes,
+        scraped already this pass (several adapters' samplers share one scrape)."""
         canary, stable = status.serving_canary, status.stable_revision
         if spec.prometheus is not None:
             if canary is None:
                 return None
             return await prometheus_sample(client, spec.prometheus.url, self.isvc, canary, stable, spec, now,
                                            self.scrapes.adapter)
-        texts, notes = await scrape_routers(client, router_urls)
+        texts, notes = scraped if scraped is not None else await scrape_routers(client, router_urls)
         if canary is None:
             self.scrapes.ingest(texts)  # keeps the baseline current
             return None

@@ -27,6 +27,7 @@ from datetime import datetime
 
 import httpx
 
+from folio.operator.analysis.router_scrape import Scraped, scrape_routers
 from folio.operator.analysis.sampler import IntervalSampler
 from folio.operator.parity import GateRunner, poll_gate
 from folio.operator.parity.run import error_message
@@ -82,9 +83,11 @@ class Adapters:
             for rev, facts in observed.revisions.items()
         }  # fmt: skip
         seen = {}
+        scraped: list[Scraped] = []  # the routers' /metrics, scraped once for every adapter due a sample
         for adapter in spec.adapters:
             before = status.adapter(adapter.name) or AdapterStatus(name=adapter.name)
-            seen[adapter.name] = await self._observe_one(runtime, spec, adapter, before, observed, rotation, http)
+            seen[adapter.name] = await self._observe_one(runtime, spec, adapter, before, observed, rotation, http,
+                                                         scraped)
         return dataclasses.replace(observed, revisions=revisions, adapters=seen)
 
     def holds(self, url: str, names: frozenset[str]) -> bool:
@@ -92,7 +95,7 @@ class Adapters:
 
     async def _observe_one(self, runtime: Runtime, spec: InferenceServiceSpec, adapter: AdapterSpec,
                            status: AdapterStatus, observed: Observed, rotation: Sequence[str],
-                           http: httpx.AsyncClient) -> AdapterObserved:
+                           http: httpx.AsyncClient, scraped: list[Scraped]) -> AdapterObserved:
         memory = self.per_adapter.setdefault(adapter.name, AdapterMemory(IntervalSampler(self.isvc, adapter.name)))
         facts = {}
         for rev in status.revisions:
@@ -107,8 +110,10 @@ class Adapters:
         analysis = view.rollout.analysis
         sample = None
         if memory.sampler.due(analysis, observed.now):
+            if analysis.prometheus is None and not scraped:
+                scraped.append(await scrape_routers(http, runtime.router_metrics()))
             sample = await memory.sampler.take(http, runtime.router_metrics(), status=status, spec=analysis,
-                                               now=observed.now)
+                                               now=observed.now, scraped=scraped[0] if scraped else None)
         report = None
         if view.rollout.parity is not None:
             gate = view.rollout.parity

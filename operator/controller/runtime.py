@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
 import httpx
@@ -162,8 +163,7 @@ class ClusterRuntime:
                 continue
             where = path("v1", "Pod", self.isvc.namespace, pod["metadata"]["name"]) + "/status"
             try:
-                await call(lambda: self.kube.call("PATCH", where, body=ops,  # noqa: B023 (awaited at once)
-                                                  content_type="application/json-patch+json"))
+                await call(partial(self.kube.call, "PATCH", where, body=ops, content_type="application/json-patch+json"))
             except ApiError as exc:
                 self.logger.info("adapters gate of pod %s not set (%s): next pass", pod["metadata"]["name"], exc)
 

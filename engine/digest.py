@@ -85,12 +85,16 @@ def verify_digest(path: str | Path, expected: str, progress: Progress | None = N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="a weight file (e.g. .gguf) or a Hugging Face style model folder")
+    parser.add_argument(
+        "path", help="a weight file (e.g. .gguf), a Hugging Face style model folder, or pkg://DISTRIBUTION/PATH"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    from folio.engine.package_files import local_path
+
     try:
-        print(compute_digest(args.path))
+        print(compute_digest(local_path(args.path)))
     except (OSError, ValueError) as exc:
         print(f"folio digest: {exc}", file=sys.stderr)
         return 1

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a Hugging Face style folder or a .gguf file")
+    parser.add_argument(
+        "--model", required=True, help="a Hugging Face style folder, a .gguf file, or pkg://DISTRIBUTION/PATH"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     parser.add_argument(
@@ -366,6 +368,18 @@ def freeze_start_up_objects() -> int:
     return gc.get_freeze_count()
 
 
+def _resolve_model(args: argparse.Namespace) -> None:
+    """A pkg:// model becomes the path it is installed at; the URL stays the default served name."""
+    from folio.engine.package_files import SCHEME, PackageFileError, local_path
+
+    if args.model.startswith(SCHEME):
+        try:
+            path = local_path(args.model)
+        except PackageFileError as exc:
+            raise FlagError("model", str(exc)) from None
+        args.served_model_name, args.model = args.served_model_name or args.model, path
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -378,6 +392,7 @@ def main(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        _resolve_model(args)
         config, faults = check(args)
         modules = lora_modules(args)
     except FlagError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from folio.operator.spec import (
+    DIGEST_SCHEMES,
     GROUP,
     KIND,
     MAX_ROLLOUT_STEPS,
@@ -46,7 +47,8 @@ def _step_order_rule() -> str:
 
 
 def _pin_rules(field: str) -> list[dict[str, str]]:
-    """`PinnedSource`'s rules: hf:// needs a commit SHA, pvc:// and file:// a digest."""
+    """`PinnedSource`'s rules: hf:// needs a commit SHA, pvc://, file:// and pkg:// a digest."""
+    starts = [f"self.source.startsWith('{scheme}://')" for scheme in DIGEST_SCHEMES]
     return [
         {
             "rule": "!self.source.startsWith('hf://') || "
@@ -55,8 +57,8 @@ def _pin_rules(field: str) -> list[dict[str, str]]:
             "commit SHA; branches and tags are not immutable",
         },
         {
-            "rule": "!(self.source.startsWith('pvc://') || self.source.startsWith('file://')) || has(self.digest)",
-            "message": f"pvc:// and file:// sources need {field}.digest (sha256:...); "
+            "rule": f"!({' || '.join(starts)}) || has(self.digest)",
+            "message": f"pvc://, file:// and pkg:// sources need {field}.digest (sha256:...); "
             "compute it with `folio digest PATH`",
         },
     ]

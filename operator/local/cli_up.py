@@ -9,7 +9,7 @@ from folio.operator.local.target import add_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="InferenceService YAML (file:// model sources with their digest)")
+    parser.add_argument("file", help="InferenceService YAML (hf://, file:// or pkg:// model sources, pinned)")
     parser.add_argument("--port", type=int, default=ROUTER_PORT, help=f"where the router listens (default: {ROUTER_PORT})")
     parser.add_argument(
         "--dry-run",

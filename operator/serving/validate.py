@@ -11,7 +11,7 @@ The same spec gets the same verdict in a cluster and on this machine, except for
 
 | rule                                   | cluster (`CLUSTER`)       | this machine (`THIS_MACHINE`) |
 | -------------------------------------- | ------------------------- | ----------------------------- |
-| model source schemes                   | hf://, pvc://, file://    | hf://, file://                |
+| model source schemes                   | hf://, pvc://, file://    | hf://, file://, pkg://        |
 | engine replicas per revision at most   | 512 (`MAX_REPLICAS`)      | 16 (`LOCAL_MAX_REPLICAS`)     |
 | parity suite source                    | configMapRef              | suiteFile                     |
 | fault-injection args (`FAULT_ARGS`)    | refused (see below)       | kept                          |
@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from folio.engine import package_files
 from folio.operator import prepull
 from folio.operator.serving import engine, keda, parallel
 from folio.operator.serving.errors import PlanningError
@@ -106,7 +107,7 @@ class Site:
 
 CLUSTER = Site("a cluster", "`folio up`", ("hf", "pvc", "file"), MAX_REPLICAS, "engine pods", ("configMapRef",),
                fault_injection=False)
-THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",),
+THIS_MACHINE = Site("`folio up`", "a cluster", ("hf", "file", "pkg"), LOCAL_MAX_REPLICAS, "engine processes", ("suiteFile",),
                     fault_injection=True)
 SITES = (CLUSTER, THIS_MACHINE)
 
@@ -242,7 +243,7 @@ def field_path(loc: Iterable[Any]) -> str:
 _MINIMAL = {"model": {"source": "hf://x/y", "revision": "0" * 40}}  # checks a manifest's head alone
 _PATTERNS = {
     HTTP_URL_RE.pattern: "an http:// or https:// URL with a host",
-    SOURCE_RE.pattern: "hf://ORG/NAME, pvc://CLAIM/PATH or file:///PATH",
+    SOURCE_RE.pattern: "hf://ORG/NAME, pvc://CLAIM/PATH, file:///PATH or pkg://DISTRIBUTION/PATH",
     DIGEST_RE.pattern: "sha256: and 64 lowercase hex digits (`folio digest PATH`)",
     DURATION_RE.pattern: "a duration such as '30s', '2m', '1h30m' or '500ms'",
     QUANTITY_RE.pattern: "a quantity such as '20Gi'",
@@ -308,7 +309,9 @@ def _source(path: str, pin: ModelSource) -> list[Problem]:
             prepull.pvc_claim_and_path(pin.source)
         if pin.scheme == "file":
             prepull.local_source(pin, None)
-    except prepull.WeightsError as exc:
+        if pin.scheme == "pkg":
+            package_files.split(pin.source)  # the form only: whether it is installed is the pre-pull's to say
+    except (prepull.WeightsError, package_files.PackageFileError) as exc:
         return [Problem(path, INVALID_MODEL_SOURCE, _clean(str(exc)))]
     except ValueError as exc:  # urllib's: "Invalid IPv6 URL"
         return [Problem(path, INVALID_MODEL_SOURCE, f"{_short(pin.source)} is not a usable URL: {exc}")]

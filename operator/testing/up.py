@@ -1,6 +1,7 @@
 """Driving a real `folio up` from Python, as a user would: `make demo` and the end-to-end tests.
 
-- `write_manifest` writes an InferenceService for a ``file://`` model with its digest (and adapters);
+- `write_manifest` writes an InferenceService for a local model (a path, or a ``pkg://`` URL) with its digest
+  (and adapters);
 - `UpProcess` runs `folio up` as a child, waits for its control endpoint and stops it the way a
   user does (SIGINT), checking that every process it started is gone.
 """
@@ -28,7 +29,7 @@ def write_manifest(
     path: Path,
     *,
     name: str,
-    model: Path,
+    model: Path | str,
     digest: str,
     args: dict[str, Any] | None = None,
     replicas: int = 1,
@@ -44,7 +45,7 @@ def write_manifest(
         "metadata": {"name": name},
         "spec": {
             "model": {
-                "source": f"file://{model.resolve()}",
+                "source": model if isinstance(model, str) else f"file://{model.resolve()}",
                 "digest": digest,
                 "servedName": served_name or name,
             },

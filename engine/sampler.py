@@ -1,4 +1,5 @@
-"""Token selection for a batch: penalties, temperature, top-k / top-p / min-p, then greedy or random.
+"""Token selection for a batch: logit bias and grammar masks, penalties, temperature, top-k / top-p / min-p,
+then greedy or random.
 
 Everything is batched over the sequences that need it. A request with a ``seed`` draws its random numbers
 from its own `torch.Generator`, so its output does not depend on which requests share its batch.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from folio.engine.sequence import Sequence
+from folio.engine.structured import mask
 from folio.kernels import fused_cpu
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -30,9 +32,11 @@ class SampleResult:
 
 
 def plain_greedy(seqs: list[Sequence]) -> bool:
-    """Whether each sequence takes its greedy token and asks for nothing else: no log-probabilities and no
-    penalties, so that the first maximum of its raw logits is all it needs."""
-    return all(s.params.greedy and s.params.logprobs is None and not s.params.has_penalties for s in seqs)
+    """Whether each sequence takes its greedy token and asks for nothing else: no log-probabilities, no
+    penalties and no constraint (a grammar, a logit bias), so that the first maximum of its raw logits is all
+    it needs."""
+    return all(s.params.greedy and s.params.logprobs is None and not s.params.has_penalties
+               and not mask.constrained(s) for s in seqs)  # fmt: skip
 
 
 class Sampler:
@@ -51,6 +55,8 @@ class Sampler:
         greedy = [s.params.greedy for s in seqs]
         logits = logits.float()  # widening is exact: the greedy rows pick what they would above
         raw_logprobs = torch.log_softmax(logits, dim=-1) if top_n is not None else None
+        if any(mask.constrained(s) for s in seqs):  # a bias and the grammar's mask, before everything else
+            logits = mask.apply(logits, seqs)
         logits = self._apply_penalties(logits, seqs)
         tokens = _first_max(logits) if all(greedy) else self._sample(logits, seqs, greedy)
         token_list = tokens.tolist()

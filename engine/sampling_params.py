@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from folio.engine.rules import BOUNDS, SEED_END, SEED_MIN, check_stop, check_token_ids
+from folio.engine.rules import BOUNDS, SEED_END, SEED_MIN, TOKEN_ID, RuleError, check_stop, check_token_ids
+from folio.engine.structured.params import StructuredOutputsParams
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: -100 bans a token, 100 all but forces it
 
 # Temperatures in (0, MIN_TEMPERATURE) are raised to it (as vLLM does): dividing logits by a smaller
 # value overflows float32 and turns the softmax into NaNs. 0 still means greedy.
@@ -40,6 +44,8 @@ class SamplingParams:
     mean_prompt_logits: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (`folio.engine.structured.mask`)
+    structured_outputs: StructuredOutputsParams | None = None  # the answer fits a schema, regex, choice, grammar
 
     def __post_init__(self) -> None:
         """Raises `folio.engine.rules.RuleError` (a ValueError) naming the first field out of its bounds."""
@@ -53,6 +59,8 @@ class SamplingParams:
                 bound.check(name, value)
         if 0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
+        if self.logit_bias:
+            self.logit_bias = check_logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +71,21 @@ class SamplingParams:
         return (
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+
+
+def check_logit_bias(bias: dict[int, float]) -> dict[int, float]:
+    """Token ids a sampler can index, values within ±`LOGIT_BIAS_LIMIT` (whether an id is in the vocabulary
+    is the engine's to check: it knows the vocabulary)."""
+    checked = {}
+    for token, value in bias.items():
+        if not TOKEN_ID.holds(token):
+            raise RuleError(f"logit_bias keys must be {TOKEN_ID.describe(plural=True)}, got {token!r}", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or abs(value) > LOGIT_BIAS_LIMIT:
+            raise RuleError(f"logit_bias values must be numbers from -{LOGIT_BIAS_LIMIT:g} to {LOGIT_BIAS_LIMIT:g}, "
+                            f"got {value!r} for token {token}", param="logit_bias")  # fmt: skip
+        checked[token] = float(value)
+    return checked
 
 
 def offset_seed(seed: int | None, k: int) -> int | None:

@@ -195,6 +195,8 @@ class Scheduler:
             seq.append_token(result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
             try:
                 done = check_stop(seq, result.token_ids[i])
+                if seq.grammar is not None:
+                    done = advance_grammar(seq, result.token_ids[i], done)
             except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
                 self.fail([seq], exc)
                 continue
@@ -234,6 +236,17 @@ class Scheduler:
             else:  # queued, never admitted (or its adapter failed to load): its claim goes
                 self.lora_slots.unclaim(seq.lora_request.lora_int_id)
         seq.status = SequenceStatus.FINISHED
+
+
+def advance_grammar(seq: Sequence, token: int, done: tuple[str, str | int | None] | None
+                    ) -> tuple[str, str | int | None] | None:  # fmt: skip
+    """Moves ``seq``'s grammar past ``token`` (the mask allowed only tokens it accepts); a grammar that is
+    complete ends the answer ("stop") even where the end-of-sequence token does not (``ignore_eos``)."""
+    if done is not None and done[0] == "stop" and (token in seq.eos_token_ids or token == done[1]):
+        return done  # a stop token: not part of the grammar's text
+    if not seq.grammar.accept_token(token):
+        raise RuntimeError(f"token {token} is outside the answer's grammar")  # the mask rules this out
+    return ("stop", None) if done is None and seq.grammar.is_terminated() else done
 
 
 def check_stop(seq: Sequence, token: int) -> tuple[str, str | int | None] | None:

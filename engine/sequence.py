@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from folio.engine.output_text import OutputText
 from folio.engine.outputs import CompletionOutput, RequestOutput
@@ -57,6 +57,7 @@ class Sequence:
         self.round = 0  # its turn in the waiting queue: the scheduler keeps rounds non-decreasing there
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.grammar: Any | None = None  # its matcher, when the answer is constrained (`folio.engine.structured`)
         self.block_serials: list[int] = []  # per leading full block: the serial its prefix is cached under
         self.text = OutputText(params.stop, params.include_stop_str_in_output)  # type: ignore[arg-type]
         self.finish_reason: str | None = None

@@ -56,14 +56,10 @@ async def create_chat_completion(
     lora = serving.check_common(req)
     if req.tools:
         raise bad_request("tools are not supported.", param="tools", code=ErrorCode.UNSUPPORTED_PARAMETER)
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(
-            "Only response_format type 'text' is supported.", param="response_format",
-            code=ErrorCode.UNSUPPORTED_PARAMETER,
-        )  # fmt: skip
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
     serving.check_sequences(req.n)  # before the cost of rendering and tokenizing
+    await serving.compile_constraint(req)
     prompt = await serving.off_loop(render_prompt, serving, req)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

@@ -58,6 +58,7 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
         raise bad_request("max_tokens 0 is only allowed with echo (the prompt's logprobs).", param="max_tokens")
     num_prompts = 1 if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) else len(req.prompt)
     serving.check_sequences(num_prompts * req.n)  # before the cost of tokenizing
+    await serving.compile_constraint(req)
     prompts = await serving.off_loop(_prompts, serving, req.prompt)
     echo_only = req.max_tokens == 0  # the engine samples one token, which the answer leaves out
     budgets = [

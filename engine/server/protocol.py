@@ -100,6 +100,28 @@ class FolioResume(_Request):
     choices: list[ResumeChoice] = Field(default_factory=list)
 
 
+class JsonSchemaFormat(_Request):
+    name: Text = Field("response", max_length=64)
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Request):
+    """vLLM's request field (its current form): exactly one of these."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -127,7 +149,15 @@ class SamplingRequest(_Request):
     )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported: must be empty.")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) -> a bias from -100 to 100 added to its logit."
+    )
+    response_format: ResponseFormat | None = Field(None, description="json_object, or json_schema with its schema.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension.")
+    guided_json: dict[str, Any] | Text | None = Field(None, description="vLLM's older form of structured_outputs.")
+    guided_regex: Text | None = Field(None, description="vLLM's older form of structured_outputs.")
+    guided_choice: list[Text] | None = Field(None, description="vLLM's older form of structured_outputs.")
+    guided_grammar: Text | None = Field(None, description="vLLM's older form of structured_outputs.")
     user: str | None = None
     return_token_ids: bool = Field(
         False, description="vLLM extension: the prompt's and each choice's token ids in the answer."
@@ -170,16 +200,11 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Request):
-    type: str = "text"
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: ruled(int, "max_completion_tokens", BOUNDS["max_tokens"]) | None = None
     logprobs: bool = False
     top_logprobs: ruled(int, "top_logprobs", BOUNDS["logprobs"]) | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported: must be empty.")
     add_generation_prompt: bool = Field(True, description="vLLM extension.")
 

@@ -19,6 +19,7 @@ from folio.engine import rules
 from folio.engine.lora import LoRAError, LoRARequest
 from folio.engine.outputs import RequestOutput, merge_outputs
 from folio.engine.sampling_params import SamplingParams, offset_seed
+from folio.engine.server import structured
 from folio.engine.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -114,9 +115,24 @@ class OpenAIServing:
         if lora is not None:  # the API's requests only: like --fault-error-rate, the parity gate's take no fault
             self.loras.check_fault(lora)
         rules.Bound(1, self.config.max_n, integer=True, note=" (--max-n)").check("n", req.n)
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported.", param="logit_bias", code=ErrorCode.UNSUPPORTED_PARAMETER)
+        try:  # the constraint's and the bias's own form; `compile_constraint` then compiles the constraint
+            structured.constraint(req)
+            structured.logit_bias(req)
+        except rules.RuleError as exc:
+            raise rejected(exc) from exc
         return lora
+
+    async def compile_constraint(self, req: SamplingRequest) -> None:
+        """Compiles the request's structured-output constraint (cached by constraint) in a worker thread,
+        before anything is queued, so the engine's step loop finds it compiled; a constraint that does not
+        compile, or not in time, is a 400 naming its field."""
+        constraint = structured.constraint(req)
+        if constraint is None:
+            return
+        try:
+            await self.off_loop(self.engine.engine.grammars.compile, constraint)
+        except rules.RuleError as exc:
+            raise rejected(exc) from exc
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs CPU-heavy request preparation (tokenizing, chat templates) in a worker thread, so that a
@@ -229,6 +245,8 @@ class OpenAIServing:
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=structured.logit_bias(req),
+            structured_outputs=structured.constraint(req),
         )
 
     async def engine_stream(self, seqs: list[EngineRequest]) -> RequestStream:

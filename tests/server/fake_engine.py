@@ -58,6 +58,17 @@ class _Seq:
         self.text = OutputText(self.params.stop, self.params.include_stop_str_in_output)  # type: ignore[arg-type]
 
 
+class FakeGrammars:
+    """The engine's grammar compiler, as far as the server calls it: constraints compile to nothing here (a
+    fake engine's tokens follow no grammar; tests/engine/test_structured.py runs the real one)."""
+
+    def __init__(self) -> None:
+        self.compiled: list[Any] = []
+
+    def compile(self, params: Any) -> None:
+        self.compiled.append(params)
+
+
 class FakeEngine:
     """One token per running sequence per step; ``step_delay`` seconds per step."""
 
@@ -90,6 +101,7 @@ class FakeEngine:
         self.loras: dict[str, LoRARequest] = {}  # the registered adapters, by name
         self.lora_requests: dict[str, LoRARequest | None] = {}  # each added request's adapter
         self.closed = False
+        self.grammars = FakeGrammars()
 
     # ---------------------------------------------------------------- contract
 

@@ -1,0 +1,188 @@
+"""Structured output in the engine: every constrained answer fits its constraint (checked with jsonschema and
+re), greedy and sampled at temperature 1.0, on a random-weight model whose free answers fit nothing; a
+logit bias bans or forces tokens; constrained and free requests share steps without changing the free ones."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from folio.engine import LLM, SamplingParams
+from folio.engine.rules import RuleError
+from folio.engine.structured.params import StructuredOutputsParams
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "nested objects, enums, optional": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "kind": {"enum": ["cat", "dog", "bird"]},
+            "owner": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99}},
+                      "required": ["age"], "additionalProperties": False},
+            "nickname": {"type": "string", "maxLength": 4},
+        },
+        "required": ["name", "kind", "owner"],
+        "additionalProperties": False,
+    },
+    "arrays with bounds, numbers with bounds": {
+        "type": "object",
+        "properties": {
+            "scores": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5},
+                       "minItems": 2, "maxItems": 4},
+            "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["scores", "ratio", "ok"],
+        "additionalProperties": False,
+    },
+    "anyOf, $ref and $defs, patterns": {
+        "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+        "type": "object",
+        "properties": {
+            "id": {"$ref": "#/$defs/code"},
+            "value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "null"},
+                                {"type": "string", "enum": ["none"]}]},
+            "tags": {"type": "array", "items": {"$ref": "#/$defs/code"}, "maxItems": 2},
+        },
+        "required": ["id", "value"],
+        "additionalProperties": False,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama: Path) -> LLM:
+    return LLM(str(tiny_llama), dtype="float32", max_model_len=512)
+
+
+def _texts(llm: LLM, params: list[SamplingParams], prompt: str = "Answer:") -> list[tuple[str, str]]:
+    outs = llm.generate([prompt] * len(params), params)
+    return [(o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_every_answer_validates_against_its_schema(llm: LLM, name: str) -> None:
+    schema = SCHEMAS[name]
+    constraint = StructuredOutputsParams(json=schema)
+    params = [SamplingParams(temperature=0.0, max_tokens=200, structured_outputs=constraint)]
+    params += [SamplingParams(temperature=1.0, seed=s, max_tokens=200, structured_outputs=constraint) for s in range(6)]
+    for text, reason in _texts(llm, params):
+        assert reason == "stop", f"the grammar ended the answer: {text!r}"
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_free_answer_of_the_same_model_fits_no_schema(llm: LLM) -> None:
+    """The check above is not vacuous: unconstrained, this random model writes no JSON at all."""
+    for text, _ in _texts(llm, [SamplingParams(temperature=1.0, seed=s, max_tokens=40) for s in range(4)]):
+        with pytest.raises(ValueError):
+            json.loads(text)
+
+
+def test_choice_regex_grammar_and_any_json_object(llm: LLM) -> None:
+    kinds = {
+        "choice": StructuredOutputsParams(choice=("yes", "no", "it depends")),
+        "regex": StructuredOutputsParams(regex=r"[a-z]{2,5}-\d{2}"),
+        "grammar": StructuredOutputsParams(grammar='root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'),
+    }
+    for kind, constraint in kinds.items():
+        params = [SamplingParams(temperature=1.0, seed=s, max_tokens=120, structured_outputs=constraint)
+                  for s in range(5)]  # fmt: skip
+        for text, reason in _texts(llm, params):
+            assert reason == "stop", (kind, text)
+            if kind == "choice":
+                assert text in ("yes", "no", "it depends")
+            elif kind == "regex":
+                assert re.fullmatch(r"[a-z]{2,5}-\d{2}", text), text
+            else:
+                assert re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", text), text
+
+
+def test_json_object_is_an_object(llm: LLM) -> None:
+    """Any JSON object (OpenAI's json_object; an array or a bare value is not one). A random model's object
+    need not close within max_tokens: those cut by the limit are the start of one."""
+    constraint = StructuredOutputsParams(json_object=True)
+    params = [SamplingParams(temperature=t, seed=s, max_tokens=120, structured_outputs=constraint)
+              for t in (0.0, 1.0) for s in range(4)]  # fmt: skip
+    answers = _texts(llm, params)
+    assert any(reason == "stop" for _, reason in answers)
+    for text, reason in answers:
+        assert text.startswith("{"), text
+        if reason == "stop":
+            assert isinstance(json.loads(text), dict), text
+
+
+@pytest.mark.parametrize("string", [{"type": "string"}, {"type": "string", "maxLength": 5}])
+def test_json_strings_take_no_control_characters_and_no_surrogates(llm: LLM, string: dict[str, Any]) -> None:
+    """What JSON and UTF-8 forbid in a string, which xgrammar's own string rules let through."""
+    grammars = llm.llm_engine.grammars
+    compiled = grammars.compile(StructuredOutputsParams(json={"type": "object", "properties": {"s": string}}))
+    byte_token = _byte_tokens(llm)
+    for bad in (b"\t", b"\x02", b"\xed\xa0"):  # a tab, a control character, a surrogate's first two bytes
+        matcher = grammars.matcher(compiled)
+        assert matcher.accept_string('{"s": "x')
+        assert not all(matcher.accept_token(byte_token[b]) for b in bad), bad
+    matcher = grammars.matcher(compiled)
+    assert matcher.accept_string('{"s": "x') and all(matcher.accept_token(byte_token[b]) for b in b"\xc3\xa9")  # é
+
+
+def _byte_tokens(llm: LLM) -> dict[int, int]:
+    """Each byte's own token in the tiny model's byte-level vocabulary."""
+    from xgrammar import TokenizerInfo
+
+    info = TokenizerInfo.from_huggingface(llm.get_tokenizer(), vocab_size=llm.llm_engine.model_config.vocab_size)
+    return {raw[0]: i for i, raw in enumerate(info.decoded_vocab) if len(raw) == 1}
+
+
+def test_an_answer_cut_by_max_tokens_ends_with_length(llm: LLM) -> None:
+    constraint = StructuredOutputsParams(regex=r"[a-z]{50}")
+    ((text, reason),) = _texts(llm, [SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=constraint)])
+    assert reason == "length" and re.fullmatch(r"[a-z]+", text)
+
+
+def test_constrained_and_free_requests_share_steps_and_free_ones_do_not_change(llm: LLM) -> None:
+    free = SamplingParams(temperature=0.0, max_tokens=24)
+    alone = _texts(llm, [free])
+    constraint = StructuredOutputsParams(json=SCHEMAS["nested objects, enums, optional"])
+    mixed = _texts(llm, [free, SamplingParams(temperature=0.0, max_tokens=200, structured_outputs=constraint), free])
+    assert mixed[0] == mixed[2] == alone[0]
+    jsonschema.validate(json.loads(mixed[1][0]), SCHEMAS["nested objects, enums, optional"])
+
+
+def test_logit_bias_bans_and_forces_tokens(llm: LLM) -> None:
+    free = llm.generate(["Answer:"], SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0]
+    banned = {t: -100.0 for t in set(free.token_ids)}
+    again = llm.generate(["Answer:"], SamplingParams(temperature=0.0, max_tokens=8, logit_bias=banned))[0].outputs[0]
+    assert not set(again.token_ids) & set(banned)
+    forced = llm.generate(["Answer:"], SamplingParams(temperature=1.0, seed=3, max_tokens=6, logit_bias={65: 100.0},
+                                                        ignore_eos=True))[0].outputs[0]  # fmt: skip
+    assert forced.token_ids == [65] * 6
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (lambda: StructuredOutputsParams(json={"type": "objectx"}), "cannot be compiled"),
+        (lambda: StructuredOutputsParams(regex="(ab"), "cannot be compiled"),
+        (lambda: StructuredOutputsParams(grammar="root ::= "), "cannot be compiled"),
+        (lambda: StructuredOutputsParams(json="{not json"), "not valid JSON"),
+        (lambda: StructuredOutputsParams(regex="a", choice=("a",)), "exactly one of"),
+        (lambda: StructuredOutputsParams(), "exactly one of"),
+        (lambda: StructuredOutputsParams(choice=()), "non-empty list"),
+    ],
+)
+def test_bad_constraints_are_refused_before_anything_is_queued(llm: LLM, constraint: Any, message: str) -> None:
+    with pytest.raises(RuleError, match=message):
+        llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=constraint()))
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(("bias", "message"), [({10_000: 1.0}, "not in the vocabulary"), ({1: 101.0}, "from -100"),
+                                                ({1: float("nan")}, "from -100"), ({-1: 1.0}, "keys must be")])
+def test_bad_logit_bias_is_refused(llm: LLM, bias: dict[int, float], message: str) -> None:
+    with pytest.raises(RuleError, match=message):
+        llm.generate(["x"], SamplingParams(max_tokens=4, logit_bias=bias))

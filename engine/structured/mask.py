@@ -12,7 +12,9 @@ from folio.engine.sequence import Sequence
 
 
 def constrained(seq: Sequence) -> bool:
-    return seq.grammar is not None or bool(seq.params.logit_bias)
+    """From the parameters alone, so that every tensor-parallel rank (whose mirrored sequences hold no
+    grammar) takes the same path through the step."""
+    return seq.params.structured_outputs is not None or bool(seq.params.logit_bias)
 
 
 def apply(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -166,6 +166,26 @@ def test_tp2_prompt_logprobs_and_mean_logits_match_tp1(tp_model) -> None:
         torch.testing.assert_close(two.prompt_logits_mean, one.prompt_logits_mean, rtol=1e-4, atol=1e-4)
 
 
+def test_tp2_constrained_answers_match_tp1(tp_model) -> None:
+    """A grammar and a logit bias (applied by rank 0's sampler alone) beside a free request: the other rank
+    takes the same path through each step (its mirrored sequences carry the parameters, not the grammar)."""
+    from folio.engine.structured.params import StructuredOutputsParams
+
+    path = tp_model("kv1-untied")
+    prompts = random_prompts(500, (7, 12, 9), seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(
+                  json={"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                        "required": ["n"]})),
+              SamplingParams(temperature=1.0, seed=2, max_tokens=6, logit_bias={7: 100.0}, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]  # fmt: skip
+    results = []
+    for size in (1, 2):
+        for llm in _llm(path, size):
+            results.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+    assert results[0] == results[1]
+    assert results[1][1] == [7] * 6
+
+
 def test_tp2_prefix_caching_and_chunked_prefill(tp_model) -> None:
     """Cached prefix blocks are valid on every rank (each holds its heads of them), and chunked prefill
     steps mix prompts and decodes the same way on both ranks."""

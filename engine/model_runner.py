@@ -170,6 +170,7 @@ class ModelRunner:
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
         inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora)
+        self.sampler.prepare([s.seq for s in inputs.sampling], self.model.config.vocab_size)  # beside the forward
         if self._fits_decode_graphs(batch):
             return self._graph_decode_step(inputs)
         decodes = inputs.decodes

@@ -43,6 +43,11 @@ class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.generator = torch.Generator(device=device)  # for requests without their own seed
         self.generator.manual_seed(seed)
+        self.bitmasks = mask.BitmaskFiller()
+
+    def prepare(self, seqs: list[Sequence], vocab_size: int) -> None:
+        """At a step's start: what the step's sampling can compute before the logits exist (grammar masks)."""
+        self.bitmasks.start(seqs, vocab_size)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
@@ -56,7 +61,7 @@ class Sampler:
         logits = logits.float()  # widening is exact: the greedy rows pick what they would above
         raw_logprobs = torch.log_softmax(logits, dim=-1) if top_n is not None else None
         if any(mask.constrained(s) for s in seqs):  # a bias and the grammar's mask, before everything else
-            logits = mask.apply(logits, seqs)
+            logits = mask.apply(logits, seqs, self.bitmasks.take(seqs))
         logits = self._apply_penalties(logits, seqs)
         tokens = _first_max(logits) if all(greedy) else self._sample(logits, seqs, greedy)
         token_list = tokens.tolist()

@@ -84,6 +84,34 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Structured output's token bitmask on float32 ``logits[N, V]``, in place: in each of ``rows``, every
+    column whose bit is clear in ``bitmask[N, ceil(V / 32)]`` (int32 words, bit ``j % 32`` of word ``j // 32``,
+    xgrammar's layout) becomes -inf. Its PyTorch twin: `apply_bitmask_ref`."""
+    assert _cpu_fused is not None, "folio.kernels._cpu_fused was not built"
+    require(logits.dim() == 2 and logits.dtype == torch.float32 and logits.device.type == "cpu"
+            and logits.stride(1) == 1, lambda: f"logits must be a CPU float32 [rows, V] with contiguous rows, got "
+            f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")  # fmt: skip
+    words = -(-logits.shape[1] // 32)
+    require(bitmask.dtype == torch.int32 and bitmask.device.type == "cpu" and bitmask.dim() == 2
+            and bitmask.shape[0] == logits.shape[0] and bitmask.shape[1] >= words and bitmask.stride(1) == 1,
+            lambda: f"bitmask must be a CPU int32 [{logits.shape[0]}, >= {words}] with contiguous rows, got "
+            f"{bitmask.dtype} {tuple(bitmask.shape)}")  # fmt: skip
+    require(all(0 <= r < logits.shape[0] for r in rows), lambda: f"rows must lie in [0, {logits.shape[0]}), got {rows}")
+    index = torch.tensor(rows, dtype=torch.int64)
+    _cpu_fused.bitmask_rows(logits.data_ptr(), logits.stride(0), bitmask.data_ptr(), bitmask.stride(0),
+                            index.data_ptr(), len(rows), logits.shape[1])  # fmt: skip
+
+
+def apply_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """`apply_bitmask` in PyTorch: each word's 32 bits unpacked, the clear ones' columns set to -inf."""
+    vocab = logits.shape[1]
+    bits = torch.ones(32, dtype=torch.int64).bitwise_left_shift(torch.arange(32)).to(torch.int32)
+    for r in rows:
+        allowed = (bitmask[r].unsqueeze(-1) & bits).ne(0).reshape(-1)[:vocab]
+        logits[r].masked_fill_(~allowed, float("-inf"))
+
+
 def columns_reaching(
     x: torch.Tensor, floor: torch.Tensor, slope: torch.Tensor, col: torch.Tensor, rel: float, cap: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,6 +46,9 @@ class _NoSampling:
     def __call__(self, logits: torch.Tensor, seqs: list[Any]) -> None:
         return None
 
+    def prepare(self, seqs: list[Any], vocab_size: int) -> None:
+        return None
+
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     logging.basicConfig(

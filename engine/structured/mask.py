@@ -1,14 +1,20 @@
 """The sampler's side of constrained decoding: ``logit_bias`` added, then each grammar-constrained row's
 token bitmask applied (disallowed tokens to -inf), on the float32 logits of one step, before penalties,
-temperature and the choice of a token. Rows that ask for neither are not touched."""
+temperature and the choice of a token. Rows that ask for neither are not touched.
+
+The bitmask depends only on where each matcher stands, known before the step runs: `BitmaskFiller` fills it
+in a worker thread while the model's forward runs (xgrammar releases the GIL), as vLLM and SGLang overlap
+it, and the sampler waits for it only once the logits are there."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from folio.engine.sequence import Sequence
+from folio.kernels import fused_cpu
 
 
 def constrained(seq: Sequence) -> bool:
@@ -17,8 +23,37 @@ def constrained(seq: Sequence) -> bool:
     return seq.params.structured_outputs is not None or bool(seq.params.logit_bias)
 
 
-def apply(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """``logits`` [B, V] float32, one row per sequence; modified in place and returned."""
+class BitmaskFiller:
+    """One step's bitmask, filled in the background from the step's start (`start`) until the sampler takes
+    it (`take`)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None  # made on first use: most engines constrain nothing
+        self._pending: tuple[list[Sequence], Future[torch.Tensor]] | None = None
+
+    def start(self, seqs: list[Sequence], vocab_size: int) -> None:
+        """Begins filling the bitmask of ``seqs`` (the step's sampled sequences, in order) if any has a grammar."""
+        self._pending = None
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not rows:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitmask")
+        matchers = [seqs[i].grammar for i in rows]
+        self._pending = (seqs, self._pool.submit(_bitmask, len(seqs), vocab_size, matchers, rows))
+
+    def take(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The bitmask begun for exactly these sequences, or None (then `apply` fills it itself)."""
+        pending, self._pending = self._pending, None
+        if pending is None or (pending[0] is not seqs and [s.request_id for s in pending[0]] != [
+                s.request_id for s in seqs]):  # fmt: skip
+            return None
+        return pending[1].result()
+
+
+def apply(logits: torch.Tensor, seqs: list[Sequence], bitmask: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` [B, V] float32, one row per sequence; modified in place and returned. ``bitmask``: the
+    rows' bitmask filled ahead (`BitmaskFiller`), else it is filled here."""
     assert logits.dtype == torch.float32 and logits.shape[0] == len(seqs)
     biased = [(i, s.params.logit_bias) for i, s in enumerate(seqs) if s.params.logit_bias]
     if biased:
@@ -32,15 +67,19 @@ def apply(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=logits.device), accumulate=True)
     grammar_rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
     if grammar_rows:
-        bitmask = _bitmask(logits, [seqs[i].grammar for i in grammar_rows], grammar_rows)
-        _xgr().apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=grammar_rows)
+        if bitmask is None:
+            bitmask = _bitmask(len(seqs), logits.shape[1], [seqs[i].grammar for i in grammar_rows], grammar_rows)
+        if logits.device.type == "cpu" and fused_cpu.AVAILABLE:  # xgrammar's CPU loop branches on every bit
+            fused_cpu.apply_bitmask(logits, bitmask, grammar_rows)
+        else:
+            _xgr().apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=grammar_rows)
     return logits
 
 
-def _bitmask(logits: torch.Tensor, matchers: list[Any], rows: list[int]) -> torch.Tensor:
+def _bitmask(num_rows: int, vocab_size: int, matchers: list[Any], rows: list[int]) -> torch.Tensor:
     """The packed allow-bits of each constrained row (32 tokens an int32), filled by its matcher."""
     xgr = _xgr()
-    bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[1])
+    bitmask = xgr.allocate_token_bitmask(num_rows, vocab_size)
     for matcher, row in zip(matchers, rows, strict=True):
         matcher.fill_next_token_bitmask(bitmask, row)
     return bitmask

@@ -278,6 +278,38 @@ static PyObject *reaching_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+/* Structured output's token bitmask on float32 logits, in place: in each listed row, every column whose bit
+ * is clear (bit j of 32-bit word j / 32) becomes -inf. A word with all bits set (most of a JSON string's
+ * vocabulary) is skipped and one with none set is a plain fill; the rest select per lane without branches,
+ * which compilers vectorize. */
+static void bitmask_rows(float *x, int64_t stride, const uint32_t *mask, int64_t mask_stride, const int64_t *rows,
+                         int64_t num_rows, int64_t cols) {
+    for (int64_t i = 0; i < num_rows; ++i) {
+        float *row = x + rows[i] * stride;
+        const uint32_t *bits = mask + rows[i] * mask_stride;
+        for (int64_t w = 0; w * 32 < cols; ++w) {
+            const uint32_t word = bits[w];
+            const int64_t base = w * 32, n = cols - base < 32 ? cols - base : 32;
+            if (word == 0xFFFFFFFFu) continue;
+            float *out = row + base;
+            if (word == 0) {
+                for (int64_t k = 0; k < n; ++k) out[k] = -INFINITY;
+                continue;
+            }
+            for (int64_t k = 0; k < n; ++k) out[k] = (word >> k) & 1u ? out[k] : -INFINITY;
+        }
+    }
+}
+
+static PyObject *bitmask_rows_py(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, mask, rows;
+    long long stride, mask_stride, num_rows, cols;
+    if (!PyArg_ParseTuple(args, "KLKLKLL", &x, &stride, &mask, &mask_stride, &rows, &num_rows, &cols)) return NULL;
+    Py_BEGIN_ALLOW_THREADS bitmask_rows(PTR(x), stride, PTR(mask), mask_stride, PTR(rows), num_rows, cols);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* The first token whose slot lies outside [-1, num_slots), or -1 when all are in range. */
 static int64_t bad_slot(const int64_t *slots, int64_t tokens, int64_t num_slots) {
     for (int64_t i = 0; i < tokens; ++i)
@@ -323,6 +355,9 @@ static PyMethodDef methods[] = {
     {"reaching_rows", reaching_rows, METH_VARARGS,
      "reaching_rows(x, stride, floor, slope, col, rel, rows, cols, idx, cap, counts, dtype): floor and slope "
      "float32 [rows], col float32 [cols], idx int64 [rows, cap], counts int64 [rows]"},
+    {"bitmask_rows", bitmask_rows_py, METH_VARARGS,
+     "bitmask_rows(x, stride, mask, mask_stride, rows, num_rows, cols): x float32, mask int32 words, rows int64; "
+     "in place"},
     {"store_kv", store_kv, METH_VARARGS,
      "store_kv(key, value, key_stride, value_stride, k_cache, v_cache, slots, tokens, row_bytes, num_slots, threads): "
      "strides in bytes, slots int64"},

@@ -254,3 +254,42 @@ def test_threads_split_the_rows_without_changing_results(dtype: torch.dtype, thr
     written = torch.zeros(64 * 16, dtype=torch.bool)
     written[slots[slots >= 0]] = True
     assert torch.equal(single[4].view(-1, 3 * 64).any(dim=1), written)  # those slots and no others
+
+
+@pytest.mark.parametrize("vocab", [49152, 1003, 5])  # 1003 and 5: a last word only partly used
+def test_bitmask_sets_the_clear_bits_columns_to_minus_inf_as_its_twin_and_xgrammar_do(vocab: int) -> None:
+    import xgrammar
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g)
+    words = -(-vocab // 32)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, words), dtype=torch.int32, generator=g)
+    bitmask[1] = -1  # every token allowed: the row is left as it is
+    bitmask[2] = 0  # none: all -inf
+    bitmask[3, ::2] = -1  # whole words of each kind between mixed ones
+    bitmask[3, 1::4] = 0
+    rows = [0, 1, 2, 3]  # row 4 is not constrained
+    native, twin, upstream = logits.clone(), logits.clone(), logits.clone()
+    fused_cpu.apply_bitmask(native, bitmask, rows)
+    fused_cpu.apply_bitmask_ref(twin, bitmask, rows)
+    xgrammar.apply_token_bitmask_inplace(upstream, bitmask, indices=rows)
+    assert torch.equal(native, twin) and torch.equal(native, upstream)
+    assert torch.equal(native[1], logits[1]) and torch.equal(native[4], logits[4]) and native[2].isneginf().all()
+    kept = ~native[0].isneginf()
+    assert 0 < kept.sum() < vocab and torch.equal(native[0][kept], logits[0][kept])
+
+
+@pytest.mark.parametrize(
+    ("logits", "bitmask", "rows", "words"),
+    [
+        (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.int32), [0], "CPU float32"),
+        (torch.zeros(2, 64), torch.zeros(2, 1, dtype=torch.int32), [0], ">= 2"),
+        (torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int64), [0], "int32"),
+        (torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int32), [2], "rows must lie"),
+        (torch.zeros(64, 2).t(), torch.zeros(2, 2, dtype=torch.int32), [0], "contiguous rows"),
+    ],
+)
+def test_bitmask_refuses_what_it_cannot_read(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
+                                             words: str) -> None:  # fmt: skip
+    with pytest.raises(ValueError, match=words):
+        fused_cpu.apply_bitmask(logits, bitmask, rows)

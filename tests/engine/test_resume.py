@@ -123,3 +123,22 @@ def test_a_continuation_must_have_room_left(engine: LLMEngine) -> None:
         engine.replay(PROMPT, params, [engine.model_config.vocab_size])
     assert err.value.param == "folio_resume"
     assert not engine.has_unfinished_requests()
+
+
+def test_a_constrained_answer_resumes_exactly_its_grammar_past_the_seam(engine: LLMEngine) -> None:
+    """The continuation's grammar starts where the carried tokens left it (not at its start), so the answer
+    is the uninterrupted one and still fits the schema; tokens that do not fit the constraint are refused."""
+    import json
+
+    from folio.engine.structured.params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "b": {"enum": ["x", "yy"]}}, "required": ["a", "b"]}  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema))
+    full = assert_resumes_exactly(engine, params)
+    answer = json.loads("".join(o.text for o in full))
+    assert set(answer) == {"a", "b"} and answer["b"] in ("x", "yy")
+    free = [t for o in run(engine, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for t in o.token_ids]
+    with pytest.raises(RuleError, match="do not fit the answer's structured-output constraint"):
+        engine.add_request("misfit", PROMPT, params, resume=engine.replay(PROMPT, params, free))
+    assert not engine.has_unfinished_requests()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,36 @@ def test_bad_constraints_are_refused_before_anything_is_queued(llm: LLM, constra
 def test_bad_logit_bias_is_refused(llm: LLM, bias: dict[int, float], message: str) -> None:
     with pytest.raises(RuleError, match=message):
         llm.generate(["x"], SamplingParams(max_tokens=4, logit_bias=bias))
+
+
+def test_a_compile_past_its_bound_is_refused_and_its_grammar_cached_once_done(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A constraint that compiles too slowly is a RuleError (the server's 400) instead of a hang; the compile
+    goes on in its thread, so the next request of that constraint finds it compiled."""
+    import threading
+
+    from folio.engine.structured.compiler import GrammarCompiler
+
+    engine = llm.llm_engine
+    grammars = GrammarCompiler(llm.get_tokenizer(), engine.model_config.vocab_size, sorted(engine.eos_token_ids),
+                               timeout_s=0.2)  # fmt: skip
+    release = threading.Event()
+    slow = GrammarCompiler._compile
+
+    def held(self: GrammarCompiler, params: StructuredOutputsParams) -> Any:
+        release.wait(30)  # a compile that takes as long as the test says
+        return slow(self, params)
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", held)
+    constraint = StructuredOutputsParams(regex=r"[0-9]{4}")
+    with pytest.raises(RuleError, match=r"did not compile within 0\.2 s") as err:
+        grammars.compile(constraint)
+    assert err.value.param == "structured_outputs"
+    release.set()
+    deadline = time.monotonic() + 30
+    while grammars.cached(constraint) is None:
+        assert time.monotonic() < deadline, "the compile never finished"
+        time.sleep(0.01)
+    assert grammars.compile(StructuredOutputsParams(regex=r"[0-9]{4}")) is grammars.cached(constraint)
+    grammars.close()

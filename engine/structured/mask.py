@@ -43,12 +43,15 @@ class BitmaskFiller:
         self._pending = (seqs, self._pool.submit(_bitmask, len(seqs), vocab_size, matchers, rows))
 
     def take(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        """The bitmask begun for exactly these sequences, or None (then `apply` fills it itself)."""
+        """The bitmask begun for exactly these sequences, or None (then `apply` fills it itself). Waits for
+        whatever fill is under way either way: no two threads ever move a matcher at once."""
         pending, self._pending = self._pending, None
-        if pending is None or (pending[0] is not seqs and [s.request_id for s in pending[0]] != [
-                s.request_id for s in seqs]):  # fmt: skip
+        if pending is None:
             return None
-        return pending[1].result()
+        begun_for, future = pending
+        bitmask = future.result()
+        same = begun_for is seqs or [s.request_id for s in begun_for] == [s.request_id for s in seqs]
+        return bitmask if same else None
 
 
 def apply(logits: torch.Tensor, seqs: list[Sequence], bitmask: torch.Tensor | None = None) -> torch.Tensor:

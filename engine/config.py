@@ -7,6 +7,7 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar", "llguidance")  # `folio.engine.structured.compiler.BACKENDS`
 # A sanity bound, far above any released model's context (10M tokens): a larger value is a typo.
 MAX_MODEL_LEN_LIMIT = 1 << 25
 
@@ -48,6 +49,8 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # The grammar library of structured output (`folio.engine.structured.compiler`), as vLLM's flag.
+    structured_outputs_backend: str = "xgrammar"
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -57,6 +60,8 @@ class EngineConfig:
             raise bad("dtype", f"one of {', '.join(DTYPES)}")
         if self.device not in DEVICES:
             raise bad("device", f"one of {', '.join(DEVICES)}")
+        if self.structured_outputs_backend not in STRUCTURED_OUTPUTS_BACKENDS:
+            raise bad("structured_outputs_backend", f"one of {', '.join(STRUCTURED_OUTPUTS_BACKENDS)}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise bad("block_size", "a power of two >= 1")
         if self.max_model_len is not None and not 1 <= self.max_model_len <= MAX_MODEL_LEN_LIMIT:

@@ -35,7 +35,7 @@ from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.server.openai_errors import ErrorCode
-from folio.engine.structured.compiler import GrammarCompiler
+from folio.engine.structured.compiler import BACKENDS, GrammarCompiler
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
 from folio.engine.warmup import warm_up_kernels
@@ -359,8 +359,8 @@ class LLMEngine:
         """This model's grammar compiler (made on first use: most engines never serve a constrained answer)."""
         with self._grammars_lock:  # the server's request threads may get here at once
             if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                                 sorted(self.eos_token_ids))  # fmt: skip
+                backend = BACKENDS[self.config.structured_outputs_backend]
+                self._grammars = backend(self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids))
             return self._grammars
 
     def _grammar_for(self, params: SamplingParams) -> Any | None:

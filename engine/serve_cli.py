@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from folio.engine.config import STRUCTURED_OUTPUTS_BACKENDS
 from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.adapter_faults import FAULT_FILE
@@ -63,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no decode graphs (CUDA graphs, CPU step graphs)",
     )  # fmt: skip
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+    eng.add_argument(
+        "--structured-outputs-backend", choices=STRUCTURED_OUTPUTS_BACKENDS, default="xgrammar",
+        help="the grammar library of structured output (default: %(default)s)",
+    )  # fmt: skip
     eng.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
     )
@@ -308,6 +313,7 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             digest=args.digest,
             seed=args.seed,
             enforce_eager=args.enforce_eager,
+            structured_outputs_backend=args.structured_outputs_backend,
             tokenizer=args.tokenizer,
             fault_logit_noise=args.fault_logit_noise,
             tensor_parallel_size=args.tensor_parallel_size,

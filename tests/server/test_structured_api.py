@@ -103,7 +103,7 @@ def test_logit_bias_bans_a_token(tiny: Serve) -> None:
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
          "response_format.json_schema", "needs json_schema.schema"),
         ({"guided_regex": "(ab"}, "guided_regex", "cannot be compiled"),
-        ({"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs", "cannot be compiled"),
+        ({"structured_outputs": {"grammar": 'root ::= "a" ('}}, "structured_outputs", "cannot be compiled"),
         ({"structured_outputs": {}}, "structured_outputs", "exactly one of"),
         ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice", "takes one constraint"),
         ({"response_format": {"type": "json_object"}, "guided_json": SCHEMA}, "guided_json", "takes one constraint"),
@@ -125,3 +125,20 @@ def test_a_bad_request_leaves_the_server_serving(tiny: Serve) -> None:
     with pytest.raises(openai.BadRequestError):
         tiny.client().completions.create(model="m", prompt="x", max_tokens=4, extra_body={"guided_regex": "("})
     assert tiny.client().completions.create(model="m", prompt="x", max_tokens=2).choices[0].text is not None
+
+
+def test_the_llguidance_backend_serves_the_same_api(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> None:
+    serve = start_serve(folio_bin, tiny_llama, tmp_path, "--structured-outputs-backend", "llguidance")
+    try:
+        client = serve.client()
+        fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+        answer = client.chat.completions.create(model="m", messages=CHAT, response_format=fmt, max_tokens=200,
+                                                temperature=1.0, seed=1)  # fmt: skip
+        jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMA)
+        text = client.completions.create(model="m", prompt="x", max_tokens=40, temperature=1.0, seed=2,
+                                         extra_body={"guided_regex": r"[0-9]{3}-[a-z]{2}"}).choices[0].text
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", text), text
+        reply = httpx.post(f"{serve.url}/v1/completions", json={"model": "m", "prompt": "x", "guided_regex": "(ab"})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "guided_regex"
+    finally:
+        stop_serve(serve)

@@ -325,3 +325,13 @@ def test_adapter_problems_name_their_field_on_every_site() -> None:
         assert found(validate("chat", lora_off, site)) == [("spec.engine.args.enableLora", "InvalidEngineArgs")]
         bad_source = spec(adapters=[{"name": "sql", "source": "file:///", "digest": "sha256:" + "b" * 64}])
         assert found(validate("chat", bad_source, site)) == [("spec.adapters[0].source", "InvalidModelSource")]
+
+
+def test_the_structured_outputs_backend_is_an_engine_arg_like_any_flag() -> None:
+    from folio.operator.serving import engine
+
+    assert validate("chat", spec(engine={"args": {"structuredOutputsBackend": "llguidance"}}), CLUSTER) == []
+    assert engine.engine_flags({"structuredOutputsBackend": "llguidance"}) == ["--structured-outputs-backend",
+                                                                              "llguidance"]  # fmt: skip
+    (problem,) = validate("chat", spec(engine={"args": {"structuredOutputsBackend": "outlines"}}), CLUSTER)
+    assert problem.path == "spec.engine.args.structuredOutputsBackend" and "xgrammar, llguidance" in str(problem)

@@ -10,7 +10,7 @@ request. The two alternate ``--rounds`` times; each keeps its fastest round. Out
 (target: constrained ≥ 0.95× free). The compile figures: the schema's first compile on a fresh engine's
 compiler (cold) and the median of ``--repeats`` cached lookups (target ≤ 1 ms).
 
-    .venv/bin/python bench/structured.py [--seqs 16] [--rounds 3] [--repeats 200]
+    .venv/bin/python bench/structured.py [--seqs 16] [--rounds 3] [--repeats 200] [--backend llguidance]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=16, help="requests at once (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; each run keeps its fastest")
     parser.add_argument("--repeats", type=int, default=200, help="cached compile lookups timed")
+    parser.add_argument("--backend", choices=("xgrammar", "llguidance"), default="xgrammar",
+                        help="--structured-outputs-backend (default: %(default)s)")  # fmt: skip
     args = parser.parse_args()
 
     import jsonschema
@@ -54,7 +56,8 @@ def main() -> None:
     from folio.engine.structured.params import StructuredOutputsParams
     from folio.operator.testing.smollm2 import SMOLLM2_SOURCE
 
-    llm = LLM(SMOLLM2_SOURCE, dtype="float32", max_model_len=1024, max_num_seqs=args.seqs)
+    llm = LLM(SMOLLM2_SOURCE, dtype="float32", max_model_len=1024, max_num_seqs=args.seqs,
+              structured_outputs_backend=args.backend)  # fmt: skip
     grammars = llm.llm_engine.grammars
     constraint = StructuredOutputsParams(json=SCHEMA)
     start = time.perf_counter()
@@ -89,7 +92,7 @@ def main() -> None:
 
     rate = {k: tokens / s for k, s in best.items()}
     ratio = rate["constrained"] / rate["free"]
-    print(f"SmolLM2-135M float32, {args.seqs} requests at once, {tokens} output tokens per run "
+    print(f"SmolLM2-135M float32, {args.backend}, {args.seqs} requests at once, {tokens} output tokens per run "
           f"({min(lengths)}-{max(lengths)} per request), best of {args.rounds} alternating rounds")  # fmt: skip
     print(f"{'run':<34} {'time':>8} {'output tok/s':>13}")
     print(f"{'free (same lengths, ignore_eos)':<34} {best['free']:>7.2f}s {rate['free']:>13.1f}")

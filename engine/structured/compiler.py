@@ -37,7 +37,9 @@ class GrammarCompiler(ABC):
                  timeout_s: float = COMPILE_TIMEOUT_S) -> None:  # fmt: skip
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
         self.threads = threads
-        self._lock = threading.Lock()
+        # re-entrant: a compile that is over before its callback is added runs the callback (_settle) at once,
+        # in the thread that holds the lock to add it
+        self._lock = threading.RLock()
         self._done: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._pending: dict[tuple[str, str], Future[Any]] = {}
         self.vocab_size, self.timeout_s = vocab_size, timeout_s

@@ -158,11 +158,11 @@ class GuidanceCompiler(GrammarCompiler):
         import llguidance.torch
 
         super().__init__(tokenizer, vocab_size, stop_token_ids, **kwargs)
-        self._llg = llguidance
+        self._llg, self._fill = llguidance, llguidance.torch.fill_next_token_bitmask
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids or None)
 
     def matcher(self, compiled: Any) -> GuidanceMatcher:
-        return GuidanceMatcher(self._llg.LLMatcher(self._tokenizer, compiled, log_level=0))
+        return GuidanceMatcher(self._llg.LLMatcher(self._tokenizer, compiled, log_level=0), self._fill)
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         m = self._llg.LLMatcher
@@ -191,10 +191,8 @@ class GuidanceCompiler(GrammarCompiler):
 class GuidanceMatcher:
     """An llguidance matcher behind xgrammar's matcher methods (what the sampler and the scheduler call)."""
 
-    def __init__(self, matcher: Any) -> None:
-        import llguidance.torch
-
-        self._m, self._fill = matcher, llguidance.torch.fill_next_token_bitmask
+    def __init__(self, matcher: Any, fill: Any) -> None:
+        self._m, self._fill = matcher, fill  # fill: llguidance.torch.fill_next_token_bitmask
 
     def accept_token(self, token: int) -> bool:
         return bool(self._m.consume_token(token))

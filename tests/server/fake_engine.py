@@ -62,11 +62,8 @@ class FakeGrammars:
     """The engine's grammar compiler, as far as the server calls it: constraints compile to nothing here (a
     fake engine's tokens follow no grammar; tests/engine/test_structured.py runs the real one)."""
 
-    def __init__(self) -> None:
-        self.compiled: list[Any] = []
-
     def compile(self, params: Any) -> None:
-        self.compiled.append(params)
+        return None
 
 
 class FakeEngine:

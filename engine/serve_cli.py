@@ -21,6 +21,7 @@ from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.adapter_faults import FAULT_FILE
 from folio.engine.server.read_timeouts import DEFAULT_BODY_S, DEFAULT_HEADER_S
+from folio.engine.tools.parsers import PARSERS
 
 if TYPE_CHECKING:
     from folio.engine.config import EngineConfig
@@ -79,6 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     _add_lora_arguments(parser)
+
+    tools = parser.add_argument_group("tool calling")
+    tools.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help='serve tool_choice "auto": read calls out of the answers with the tool-call parser',
+    )  # fmt: skip
+    tools.add_argument(
+        "--tool-call-parser", choices=list(PARSERS),
+        help="the format the model calls tools in (default: its family's: Qwen hermes, Llama llama3_json, "
+        "Mistral mistral)",
+    )  # fmt: skip
 
     srv = parser.add_argument_group("server")
     srv.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt) accepted")
@@ -386,6 +398,20 @@ def _resolve_model(args: argparse.Namespace) -> None:
         args.served_model_name, args.model = args.served_model_name or args.model, path
 
 
+def tool_call_parser(args: argparse.Namespace, model_config: Any) -> str | None:
+    """The parser "auto" tool choice reads answers with: --tool-call-parser, else the model family's; None
+    without --enable-auto-tool-choice. A FlagError when the family has no default and none is named."""
+    from folio.engine.tools.parsers import parser_for
+
+    if not args.enable_auto_tool_choice:
+        return None
+    model_type = getattr(getattr(model_config, "hf", None), "model_type", None)
+    try:
+        return parser_for(args.tool_call_parser, model_type).name
+    except ValueError as exc:
+        raise FlagError("tool_call_parser", f"--enable-auto-tool-choice: {exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -414,6 +440,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"folio serve: cannot load {args.model}: {exc}", file=sys.stderr)
         return 1
 
+    try:
+        parser = tool_call_parser(args, engine.model_config)
+    except FlagError as exc:
+        engine.close()
+        print(f"folio serve: {exc}", file=sys.stderr)
+        return 2
     served = ServingConfig(
         served_model_name=args.served_model_name or args.model,
         model_path=args.model,
@@ -429,6 +461,7 @@ def main(args: argparse.Namespace) -> int:
         max_loras=args.max_loras,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         fault_adapter_files=args.fault_adapter_files,
+        tool_call_parser=parser,
     )
     app = build_app(engine, served, faults)
     freeze_start_up_objects()

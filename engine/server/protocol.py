@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
     model_serializer,
 )
@@ -165,6 +166,8 @@ class SamplingRequest(_Request):
     folio_resume: FolioResume | None = Field(
         None, description="Folio's router only: continue an answer another replica began."
     )
+    # the request's structured-output constraint, once worked out (`folio.engine.server.structured`)
+    _constraint: tuple[Any] | None = PrivateAttr(None)
 
 
 class CompletionRequest(SamplingRequest):
@@ -187,10 +190,23 @@ class TextPart(_Request):
     text: Text
 
 
+class FunctionCallIn(_Request):
+    name: Text
+    arguments: Text = Field(..., description="JSON text of an object, as the answer carried it.")
+
+
+class ToolCallIn(_Request):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant turn's calls.")
+    tool_call_id: Text | None = Field(None, description="A tool turn's answer: the call it answers.")
 
     def text(self) -> str:
         if self.content is None:
@@ -200,12 +216,38 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(_Request):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON Schema of the arguments (an object).")
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: Text
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: ruled(int, "max_completion_tokens", BOUNDS["max_tokens"]) | None = None
     logprobs: bool = False
     top_logprobs: ruled(int, "top_logprobs", BOUNDS["logprobs"]) | None = None
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported: must be empty.")
+    tools: list[ChatTool] | None = Field(None, description="Functions the model may call.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (the default with tools; needs --enable-auto-tool-choice), "none", '
+        '"required", or a function to call.'
+    )
+    parallel_tool_calls: bool = Field(True, description="False: one call at most.")
     add_generation_prompt: bool = Field(True, description="vLLM extension.")
 
 
@@ -286,9 +328,23 @@ class ChatLogprobs(_Response):
     content: list[TokenLogprob]
 
 
-class AssistantMessage(_Response):
+class FunctionCallOut(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(_Extended):
+    _omit_none = ("tool_calls",)
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Extended):
@@ -297,7 +353,7 @@ class ChatChoice(_Extended):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None = None
     stop_reason: str | int | None = None
     token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
 
@@ -314,9 +370,30 @@ class ChatCompletionResponse(_Extended):
     prompt_token_ids: list[int] | None = Field(None, description="With return_token_ids (vLLM extension).")
 
 
-class Delta(_Response):
+class DeltaFunctionCall(_Extended):
+    _omit_none = ("name",)
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class DeltaToolCall(_Extended):
+    """A piece of one call: its first names it (with its id); the next carry fragments of its arguments."""
+
+    _omit_none = ("id", "type")
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class Delta(_Extended):
+    _omit_none = ("tool_calls",)
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(_Extended):
@@ -325,7 +402,7 @@ class ChatChunkChoice(_Extended):
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None = None
     token_ids: list[int] | None = None
 
 

@@ -36,6 +36,7 @@ from folio.engine.server.openai_errors import ErrorCode
 from folio.engine.server.protocol import SamplingRequest
 from folio.engine.server.resumption import Against, Resumption, prepare
 from folio.engine.server.sse import EventStream
+from folio.engine.tools.parsers import PARSERS
 
 T = TypeVar("T")
 
@@ -56,6 +57,8 @@ class ServingConfig:
     max_loras: int = 1  # adapters active at once on the device (the lora info metric's max_lora)
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     fault_adapter_files: bool = False  # test aid: adapters with a fault file answer errors (`adapter_faults`)
+    # --tool-call-parser as resolved (the flag, else the model family's default); None: no "auto" tool choice
+    tool_call_parser: str | None = None
 
 
 class OpenAIServing:
@@ -68,6 +71,7 @@ class OpenAIServing:
         loaded = engine.engine.list_loras() if config.enable_lora else []
         self.loras = LoRARegistry(engine, config.served_model_name, enabled=config.enable_lora, loaded=loaded,
                                   fault_files=config.fault_adapter_files)
+        self.tool_parser = PARSERS[config.tool_call_parser]() if config.tool_call_parser else None
 
     # ------------------------------------------------------------------ checks
 

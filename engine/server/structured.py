@@ -9,15 +9,27 @@ from typing import Any
 
 from folio.engine.rules import RuleError
 from folio.engine.sampling_params import check_logit_bias
-from folio.engine.server.protocol import SamplingRequest
+from folio.engine.server import tool_calling
+from folio.engine.server.protocol import ChatCompletionRequest, SamplingRequest
 from folio.engine.structured.params import StructuredOutputsParams
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 def constraint(req: SamplingRequest) -> StructuredOutputsParams | None:
-    """The request's one constraint, or None; `RuleError` naming the field for one that cannot be."""
+    """The request's one constraint, or None; `RuleError` naming the field for one that cannot be. Worked
+    out once per request (its checks walk schemas), then kept on it."""
+    if req._constraint is None:
+        req._constraint = (_constraint(req),)
+    return req._constraint[0]
+
+
+def _constraint(req: SamplingRequest) -> StructuredOutputsParams | None:
     found: list[StructuredOutputsParams] = []
+    if isinstance(req, ChatCompletionRequest):  # a forced tool call's grammar
+        forced = tool_calling.constraint(req)
+        if forced is not None:
+            found.append(forced)
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         found.append(StructuredOutputsParams(json_object=True, param="response_format"))

@@ -9,6 +9,7 @@ these (the balancer then picks the least loaded replica).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,7 +33,8 @@ def affinity_key(body: dict[str, Any], headers: Iterable[tuple[str, str]], prefi
         return "user\0" + user
     messages = body.get("messages")
     if isinstance(messages, list):
-        prefix = _chat_prefix(messages, prefix_chars)
+        prefix = _tools_text(body.get("tools")) + _chat_prefix(messages, prefix_chars)
+        prefix = prefix[:prefix_chars]
     else:
         prefix = _prompt_prefix(body.get("prompt"), prefix_chars)
     return PREFIX + prefix if prefix else None
@@ -50,6 +52,14 @@ def _chat_prefix(messages: list[Any], limit: int) -> str:
         parts.append(text)
         size += len(text)
     return "".join(parts)[:limit]
+
+
+def _tools_text(tools: Any) -> str:
+    """Chat templates write a request's tools ahead of the conversation (in the system turn): requests that
+    offer other tools share no cached prefix, and an agent's turns, which offer the same, do."""
+    if not isinstance(tools, list) or not tools:
+        return ""
+    return "<tools>\n" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def _content_text(content: Any) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from folio.operator.router.affinity import affinity_key
+from folio.operator.router.affinity import PREFIX, affinity_key
 
 SYSTEM = "You are the billing assistant of ACME. " * 10
 
@@ -25,6 +25,16 @@ def test_the_key_covers_prefix_char_length_characters() -> None:
     assert affinity_key(short_system, [], 10) == affinity_key(_chat("Be brief.", "What is 3+3?"), [], 10)
     key = affinity_key({"prompt": "x" * 500}, [], 100)
     assert key is not None and key.endswith("x" * 100) and "x" * 101 not in key
+
+
+def test_tools_come_first_in_a_chat_prefix_as_templates_write_them() -> None:
+    weather = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    clock = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    turn = affinity_key(_chat(SYSTEM, "Paris?", tools=weather), [], 100)
+    assert turn == affinity_key(_chat(SYSTEM, "And Rome?", tools=weather), [], 100)  # an agent's next turn
+    assert turn != affinity_key(_chat(SYSTEM, "Paris?", tools=clock), [], 100)
+    assert turn != affinity_key(_chat(SYSTEM, "Paris?"), [], 100)
+    assert turn is not None and len(turn) == len(PREFIX) + 100  # the limit holds with the tools in it
 
 
 def test_roles_are_part_of_the_rendered_prefix() -> None:

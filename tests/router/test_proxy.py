@@ -56,7 +56,9 @@ async def test_pass_through_keeps_path_query_headers_and_body(router: RouterFact
     ):
         body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}], "logit_bias": {"5": -100},
                 "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}},
-                "guided_regex": "[a-z]+", "structured_outputs": {"choice": ["a", "b"]}}  # the engine's to judge
+                "guided_regex": "[a-z]+", "structured_outputs": {"choice": ["a", "b"]},
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "tool_choice": "required", "parallel_tool_calls": False}  # the engine's to judge
         resp = await r.client.post("/v1/chat/completions?x=1", json=body, headers={"X-Request-Id": "abc"})
         assert resp.status_code == 200
         assert up.seen[-1].path == "/v1/chat/completions?x=1"

@@ -32,11 +32,16 @@ class FakeTokenizer:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="ignore")
 
     def apply_chat_template(
-        self, conversation: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = True
+        self, conversation: list[dict[str, Any]], tokenize: bool = False, add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if conversation[0]["role"] == "assistant":
             raise ValueError("conversations must not start with an assistant turn")
-        text = "<s>" + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation)
+        text = "<s>" + (f"<tools>{json.dumps(tools)}\n" if tools else "")
+        for m in conversation:  # calls and their answers as a tool-calling template writes them
+            calls = "".join(f"<call>{json.dumps(c['function'])}" for c in m.get("tool_calls", ()))
+            answers = f"<answers {m['tool_call_id']}>" if "tool_call_id" in m else ""
+            text += f"<{m['role']}>{answers}{m['content']}{calls}\n"
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -80,8 +85,12 @@ class FakeEngine:
         fail_at_step: int | None = None,
         enable_lora: bool = False,
         max_lora_rank: int = 16,
+        script: str | None = None,
     ) -> None:
+        """``script``: what every greedy answer says, then stops (as at an end-of-sequence token); without
+        one, greedy answers repeat `SCRIPT` until their length."""
         self.tokenizer = FakeTokenizer()
+        self.script = script
         self.model_config = SimpleNamespace(max_model_len=max_model_len, vocab_size=256 + OFFSET)
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -213,7 +222,8 @@ class FakeEngine:
 
     def _next_token(self, seq: _Seq) -> int:
         if seq.rng is None:
-            return SCRIPT.encode()[len(seq.out) % len(SCRIPT.encode())] + OFFSET
+            script = (self.script or SCRIPT).encode()
+            return script[len(seq.out) % len(script)] + OFFSET
         return seq.rng.choice(b"abcdefghijklmnopqrstuvwxyz ") + OFFSET
 
     def _output(self, seq: _Seq) -> RequestOutput:
@@ -227,6 +237,8 @@ class FakeEngine:
         stop_reason: Any = None
         if stop is not None:
             finish, stop_reason = "stop", stop
+        elif seq.rng is None and self.script is not None and len(seq.out) >= len(self.script.encode()):
+            finish = "stop"
         elif len(seq.out) >= p.max_tokens:
             finish = "length"
         logprobs = None

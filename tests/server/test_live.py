@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -9,8 +10,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -225,8 +228,9 @@ def test_sigterm_drains_in_flight_requests(folio_bin: str, tiny_llama: Path, tmp
 @pytest.fixture(scope="module")
 def smollm2(folio_bin: str, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     serve = start_serve(
-        folio_bin, smollm2_dir, tmp_path_factory.mktemp("smol"), "--max-model-len", "2048", timeout=240
-    )
+        folio_bin, smollm2_dir, tmp_path_factory.mktemp("smol"), "--max-model-len", "2048",
+        "--enable-auto-tool-choice", timeout=240,  # the llama family's parser: llama3_json
+    )  # fmt: skip
     yield serve
     stop_serve(serve)
 
@@ -240,6 +244,34 @@ def test_smollm2_knows_the_capital_of_france(smollm2: Serve) -> None:
         model="m", messages=messages, max_tokens=24, temperature=0, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == answer.choices[0].message.content
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.", "parameters": WEATHER}}  # fmt: skip
+
+
+def test_smollm2_calls_tools_through_its_chat_template(smollm2: Serve) -> None:
+    client = smollm2.client()
+    ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for tool_choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        answer = client.chat.completions.create(model="m", messages=ask, tools=[WEATHER_TOOL], tool_choice=tool_choice,
+                                                max_tokens=40, temperature=0)  # fmt: skip
+        [call] = answer.choices[0].message.tool_calls or []
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, WEATHER)
+        assert call.function.name == "get_weather" and answer.choices[0].finish_reason == "tool_calls"
+    # the call and its result go back through the template; "auto" (the default): SmolLM2 answers in words
+    conversation: Any = [*ask, answer.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]  # fmt: skip
+    reply = client.chat.completions.create(model="m", messages=conversation, tools=[WEATHER_TOOL], max_tokens=30,
+                                           temperature=0)  # fmt: skip
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].message.content
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar", "llguidance")  # `folio.engine.structured.compiler.BACKENDS`
+SCHEDULING_POLICIES = ("fcfs", "priority")
 # A sanity bound, far above any released model's context (10M tokens): a larger value is a typo.
 MAX_MODEL_LEN_LIMIT = 1 << 25
 
@@ -51,6 +52,8 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     # The grammar library of structured output (`folio.engine.structured.compiler`), as vLLM's flag.
     structured_outputs_backend: str = "xgrammar"
+    # vLLM's: "fcfs", or "priority" (requests' ``priority``, lower first; the lowest preempted first)
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -60,6 +63,8 @@ class EngineConfig:
             raise bad("dtype", f"one of {', '.join(DTYPES)}")
         if self.device not in DEVICES:
             raise bad("device", f"one of {', '.join(DEVICES)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise bad("scheduling_policy", f"one of {', '.join(SCHEDULING_POLICIES)}")
         if self.structured_outputs_backend not in STRUCTURED_OUTPUTS_BACKENDS:
             raise bad("structured_outputs_backend", f"one of {', '.join(STRUCTURED_OUTPUTS_BACKENDS)}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

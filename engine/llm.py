@@ -33,10 +33,12 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order, each with ``params.n`` completions.
         ``lora_request``: the adapter of every prompt, or one per prompt (None: the base model); an adapter
-        the engine does not know yet is added on first use, as vLLM's offline LLM does."""
+        the engine does not know yet is added on first use, as vLLM's offline LLM does. ``priority``: one per
+        prompt, under the priority scheduling policy (vLLM's)."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -54,6 +56,9 @@ class LLM:
         )
         if len(loras) != len(prompt_list):
             raise ValueError(f"got {len(prompt_list)} prompts but {len(loras)} LoRA requests")
+        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"got {len(prompt_list)} prompts but {len(priorities)} priorities")
         engine = self.llm_engine
         for lora in dict.fromkeys(r for r in loras if r is not None):
             known = {r.lora_name: r for r in engine.list_loras()}
@@ -63,9 +68,11 @@ class LLM:
         where: dict[str, tuple[int, int]] = {}
         bases = [str(next(self._ids)) for _ in prompt_list]
         try:
-            for i, (prompt, params, base, lora) in enumerate(zip(prompt_list, params_list, bases, loras, strict=True)):
+            for i, (prompt, params, base, lora, prio) in enumerate(
+                zip(prompt_list, params_list, bases, loras, priorities, strict=True)
+            ):
                 for j, sub_id, sub_params in _fan_out(base, params):
-                    engine.add_request(sub_id, prompt, sub_params, lora_request=lora)
+                    engine.add_request(sub_id, prompt, sub_params, lora_request=lora, priority=prio)
                     where[sub_id] = (i, j)
         except Exception:
             for rid in where:  # nothing half-scheduled: drop what this call already queued
@@ -103,12 +110,16 @@ class LLM:
         self,
         messages: list[dict[str, str]] | list[list[dict[str, str]]],
         sampling_params: SamplingParams | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate.
+        ``tools`` (OpenAI's shape) go to the template, as vLLM's ``LLM.chat`` passes them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.get_tokenizer()
+        extra = {"tools": tools} if tools else {}
         prompts: list[Prompt] = [
-            list(tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+            list(tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         **extra)["input_ids"])
             for conv in conversations  # type: ignore[union-attr]
         ]
         return self.generate(prompts, sampling_params)

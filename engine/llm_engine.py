@@ -302,14 +302,15 @@ class LLMEngine:
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None, lora_request: LoRARequest | None = None,
+        resume: Replay | None = None, lora_request: LoRARequest | None = None, priority: int = 0,
     ) -> None:
         """Validate and queue a request; raises `RuleError` (a ValueError, queueing nothing) on bad input, with
         the words the HTTP API uses (`folio.engine.rules`). ``group`` names the client request it is one
         sequence of (the scheduler queues groups fairly); default: its own. ``resume`` continues it after
         output tokens already handed out (`replay` of them): same parameters, ``max_tokens`` counting them.
         ``lora_request`` runs it under a registered adapter (`add_lora`); `LoRAError` (a ValueError) for one
-        that is not, or without enable_lora."""
+        that is not, or without enable_lora. ``priority``: under the priority scheduling policy, lower is
+        served first and preempted last (vLLM's); under fcfs it must be 0."""
         # Only a caller inside Folio can break these (LLM and the server fan n out and number sequences).
         assert request_id not in self._seqs, f"request id {request_id!r} is already in use"
         assert isinstance(params, SamplingParams), f"params must be SamplingParams, got {type(params).__name__}"
@@ -333,9 +334,12 @@ class LLMEngine:
                 param="max_tokens",
                 code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             )
+        if priority and self.config.scheduling_policy != "priority":
+            raise rules.RuleError(f"priority {priority} needs the priority scheduling policy "
+                                  "(--scheduling-policy priority); this engine schedules fcfs", param="priority")  # fmt: skip
         grammar = self._grammar_for(params)
         seq = Sequence(request_id, text, token_ids, params, max_total, self.eos_token_ids, lora, cache_root)
-        seq.grammar = grammar
+        seq.grammar, seq.priority = grammar, priority
         seq.group = group or request_id
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device)

@@ -9,6 +9,12 @@ requests join between steps while the budget, ``max_num_seqs`` and free KV block
 allow. When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it returns to the head of the queue, to be recomputed later.
 
+Under the ``priority`` policy (vLLM's ``--scheduling-policy priority``) each sequence has its request's
+``priority``, lower first: the waiting queue is ordered by priority, then by turns as above; the running
+list by priority, then admission, so a step schedules higher priorities first and the sequence preempted
+for room is one of the lowest priority, the most recently admitted of them. A preempted sequence returns
+to the head of its priority's part of the queue. Under ``fcfs`` every priority is 0: the same rules.
+
 A sequence under a LoRA adapter also needs its adapter in a device slot (`LoRASlots`): one whose adapter
 finds none stays waiting, and the sequences behind it are admitted past it. A queued sequence claims its
 adapter (so one removed before it runs is kept for it) and holds its slot reference from admission until
@@ -64,8 +70,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Sequence] = deque()  # by (priority, round)
+        self.running: list[Sequence] = []  # by priority, then admission
         self._waiting_in_group: Counter[str] = Counter()
         self.num_preemptions_total = 0
         self.prefix_cache_queries_total = 0
@@ -82,7 +88,7 @@ class Scheduler:
         seq.round = head + self._waiting_in_group[seq.group]
         self._waiting_in_group[seq.group] += 1
         i = len(self.waiting)
-        while i > 0 and self.waiting[i - 1].round > seq.round:
+        while i > 0 and (self.waiting[i - 1].priority, self.waiting[i - 1].round) > (seq.priority, seq.round):
             i -= 1
         self.waiting.insert(i, seq)
 
@@ -130,7 +136,7 @@ class Scheduler:
             self._leave_waiting(seq)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
             if not self._hold_adapter(seq):
                 continue
             self.prefix_cache_queries_total += len(seq)
@@ -138,6 +144,15 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return scheduled
+
+    def _run(self, seq: Sequence) -> None:
+        """Into the running list after every sequence of its priority or a higher one (lower value): the
+        last is always one of the lowest priority, and is never scheduled ahead of the sequence it makes
+        room for."""
+        j = len(self.running)
+        while j > 0 and self.running[j - 1].priority > seq.priority:
+            j -= 1
+        self.running.insert(j, seq)
 
     def _can_hold_adapter(self, seq: Sequence) -> bool:
         """Whether ``seq`` holds its adapter's slot or can get one now (always, for the base model)."""
@@ -171,9 +186,11 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        if self.waiting:  # back at the head: its turn is now, so turns stay in order along the queue
-            seq.round = min(seq.round, self.waiting[0].round)
-        self.waiting.appendleft(seq)
+        # back at the head of its priority's part of the queue: its turn is now, so turns stay in order
+        at = next((j for j, w in enumerate(self.waiting) if w.priority >= seq.priority), len(self.waiting))
+        if at < len(self.waiting) and self.waiting[at].priority == seq.priority:
+            seq.round = min(seq.round, self.waiting[at].round)
+        self.waiting.insert(at, seq)
         self._waiting_in_group[seq.group] += 1
         self.num_preemptions_total += 1
 

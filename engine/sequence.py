@@ -55,6 +55,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.group = request_id  # the client request this sequence is one of (fair queueing)
         self.round = 0  # its turn in the waiting queue: the scheduler keeps rounds non-decreasing there
+        self.priority = 0  # its request's, under the priority policy: lower is served first
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.grammar: Any | None = None  # its matcher, when the answer is constrained (`folio.engine.structured`)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from folio.engine.config import STRUCTURED_OUTPUTS_BACKENDS
+from folio.engine.config import SCHEDULING_POLICIES, STRUCTURED_OUTPUTS_BACKENDS
 from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.adapter_faults import FAULT_FILE
@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no decode graphs (CUDA graphs, CPU step graphs)",
     )  # fmt: skip
     eng.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
+    eng.add_argument(
+        "--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+        help="fcfs, or priority: requests' priority field orders the queue, lowest value first, and the lowest "
+        "priorities are preempted first (default: %(default)s)",
+    )  # fmt: skip
     eng.add_argument(
         "--structured-outputs-backend", choices=STRUCTURED_OUTPUTS_BACKENDS, default="xgrammar",
         help="the grammar library of structured output (default: %(default)s)",
@@ -326,6 +331,7 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             seed=args.seed,
             enforce_eager=args.enforce_eager,
             structured_outputs_backend=args.structured_outputs_backend,
+            scheduling_policy=args.scheduling_policy,
             tokenizer=args.tokenizer,
             fault_logit_noise=args.fault_logit_noise,
             tensor_parallel_size=args.tensor_parallel_size,

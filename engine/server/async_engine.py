@@ -38,7 +38,7 @@ class EngineCore(Protocol):
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None, lora_request: LoRARequest | None = None,
+        resume: Replay | None = None, lora_request: LoRARequest | None = None, priority: int = 0,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
@@ -75,6 +75,7 @@ class EngineRequest:
     group: str | None = None  # the client request's id: the engine queues requests fairly by it
     resume: Replay | None = None  # continue after output tokens the client has (replayed off the event loop)
     lora_request: LoRARequest | None = None  # the adapter it runs under; None: the base model
+    priority: int = 0  # under the priority scheduling policy: lower first
 
     @property
     def model_name(self) -> str | None:
@@ -179,8 +180,10 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for s in seqs:
-                    # the keyword only for adapter requests: an engine without LoRA needs not know it
-                    extra = {"lora_request": s.lora_request} if s.lora_request is not None else {}
+                    # the keywords only when set: an engine without LoRA needs not know them
+                    extra: dict[str, Any] = {"lora_request": s.lora_request} if s.lora_request is not None else {}
+                    if s.priority:
+                        extra["priority"] = s.priority
                     self.engine.add_request(s.request_id, s.prompt_token_ids, s.params, s.group, s.resume, **extra)
                     added.append(s.request_id)
             except Exception as exc:

@@ -160,6 +160,10 @@ class SamplingRequest(_Request):
     guided_choice: list[Text] | None = Field(None, description="vLLM's older form of structured_outputs.")
     guided_grammar: Text | None = Field(None, description="vLLM's older form of structured_outputs.")
     user: str | None = None
+    priority: int = Field(
+        0, ge=-(2**31), le=2**31 - 1,
+        description="vLLM extension: lower is served first (needs --scheduling-policy priority; else only 0).",
+    )  # fmt: skip
     return_token_ids: bool = Field(
         False, description="vLLM extension: the prompt's and each choice's token ids in the answer."
     )

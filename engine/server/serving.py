@@ -188,9 +188,8 @@ class OpenAIServing:
             carried = resumption.carried.get(i) if resumption is not None else None
             params = self.choice_params(req, i, max_tokens, logprobs, None if carried else prompt_logprobs)
             resume = carried.replay if carried is not None else None
-            seqs.append(
-                EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume, lora)
-            )
+            seqs.append(EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume,
+                                      lora, priority=req.priority))  # fmt: skip
         return seqs
 
     def choice_params(

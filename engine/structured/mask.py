@@ -4,12 +4,12 @@ temperature and the choice of a token. Rows that ask for neither are not touched
 
 The bitmask depends only on where each matcher stands, known before the step runs: `BitmaskFiller` fills it
 in a worker thread while the model's forward runs (xgrammar releases the GIL), as vLLM and SGLang overlap
-it, and the sampler waits for it only once the logits are there; on a CPU whose cores torch's threads all
-take, the sampler fills it itself (`overlaps`)."""
+it, and the sampler waits for it only once the logits are there. On a CPU whose cores torch's threads all
+take, filling it beside a decode step gains nothing measurable, but beside a prefill it keeps the fill (some
+milliseconds a row for a schema's first token) out of the time to first token (bench/README.md)."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -27,7 +27,7 @@ def constrained(seq: Sequence) -> bool:
 
 class BitmaskFiller:
     """One step's bitmask, filled in the background from the step's start (`start`) until the sampler takes
-    it (`take`). ``overlap`` False: never in the background (`overlaps`), so the sampler fills it itself."""
+    it (`take`). ``overlap`` False: never in the background, so the sampler fills it itself (for A/B runs)."""
 
     def __init__(self, overlap: bool = True) -> None:
         self.overlap = overlap
@@ -55,17 +55,6 @@ class BitmaskFiller:
         bitmask = future.result()
         same = begun_for is seqs or [s.request_id for s in begun_for] == [s.request_id for s in seqs]
         return bitmask if same else None
-
-
-def overlaps(device: torch.device) -> bool:
-    """Whether filling the bitmask beside the forward gains anything: on a GPU the forward leaves the CPU
-    idle; on the CPU only when a core is left over by torch's threads. Where torch's threads take every core,
-    the filling thread preempts one of them mid-operation and every other thread waits for it at the
-    operation's end: the fill then costs more beside the forward than after it (bench/README.md)."""
-    if device.type != "cpu":
-        return True
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return torch.get_num_threads() < cores
 
 
 def apply(logits: torch.Tensor, seqs: list[Sequence], bitmask: torch.Tensor | None = None) -> torch.Tensor:

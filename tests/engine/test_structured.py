@@ -5,7 +5,6 @@ logit bias bans or forces tokens; constrained and free requests share steps with
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -180,20 +179,6 @@ def test_the_bitmask_filled_beside_the_forward_or_after_it_gives_the_same_answer
         answers[overlap] = _texts(llm, params)
     assert answers[True] == answers[False]
     assert all(reason == "stop" for _, reason in answers[True])
-
-
-def test_the_bitmask_overlaps_the_forward_only_where_a_core_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    from folio.engine.structured import mask
-
-    cores = len(os.sched_getaffinity(0))
-    assert mask.overlaps(torch.device("cuda"))  # a GPU's forward leaves the CPU idle
-    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
-    assert not mask.overlaps(torch.device("cpu"))
-    if cores > 1:
-        monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
-        assert mask.overlaps(torch.device("cpu"))
 
 
 def test_logit_bias_bans_and_forces_tokens(llm: LLM) -> None:

@@ -32,6 +32,9 @@ MAX_STOP_STRINGS = 16
 # bodies only to see them refused. 32 MiB holds the largest batch a request may carry: 64 text prompts
 # (`completions.MAX_PROMPTS`) of a 128k-token context at about 4 bytes a token.
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+# The router's header naming a request's priority (its tenant's): it takes the place of the request's own
+# `priority` field, and an engine scheduling fcfs ignores it (every request is 0 there).
+PRIORITY_HEADER = "X-Folio-Priority"
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60

@@ -106,6 +106,12 @@ RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "spec.autoscaling.target for KVCache is a fraction of the KV cache, in (0, 1]",
         },
     ],
+    ("spec", "access"): [
+        {
+            "rule": "has(self.apiKeysSecretRef) || (has(self.anonymous) && self.anonymous)",
+            "message": "spec.access needs apiKeysSecretRef, or anonymous: true (else nobody is served)",
+        },
+    ],
     ("spec", "rollout", "steps"): _STEP_RULES,
     ("spec", "adapters", "items", "rollout", "steps"): _STEP_RULES,
 }
@@ -115,6 +121,7 @@ EXTRAS: dict[tuple[str, ...], Schema] = {
     ("status", "conditions"): {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     # the API server refuses two adapters with one name
     ("spec", "adapters"): {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    ("spec", "access", "tenants"): {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [

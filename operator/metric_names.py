@@ -64,3 +64,9 @@ MIGRATION_ENGINE_ERROR = "engine_error"  # the engine said it could not finish (
 MIGRATION_CONTINUED = "continued"
 MIGRATION_FAILED = "failed"  # attempts exhausted, or an answer that cannot be continued
 MIGRATION_NO_REPLICA = "no_replica"
+# Per tenant (spec.access; operator/router/tenants.py): requests by the router's answer, whether it or an
+# upstream gave it (401 and 429 are the router's own and never reach an analysed counter), and tokens.
+TENANT = "tenant"
+KIND = "kind"  # prompt | completion
+TENANT_REQUESTS = "folio_router_tenant_requests_total"
+TENANT_TOKENS = "folio_router_tenant_tokens_total"

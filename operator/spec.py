@@ -462,6 +462,64 @@ class NetworkPolicySpec(Model):
     )
 
 
+# Tenants per InferenceService at most (bounded so the API server can cost the CRD's rules).
+MAX_TENANTS = 256
+# A tenant's name is a key of the API keys' Secret (Kubernetes' key characters) and a metric label.
+TENANT_NAME_RE = re.compile(r"^[A-Za-z0-9]([-._A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
+TenantPriority = Literal["Critical", "Standard", "Sheddable"]
+
+
+class SecretRef(Model):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the InferenceService's namespace.")
+
+
+class TenantSpec(Model):
+    """One tenant's priority and quotas; each limit is the service's, shared out among its routers."""
+
+    name: str = Field(max_length=63, pattern=TENANT_NAME_RE.pattern, description="A key of the API keys' Secret.")
+    priority: TenantPriority = Field(
+        default="Standard",
+        description="Critical is never shed while a Sheddable request is admitted; Sheddable is shed first.",
+    )
+    requests_per_minute: int | None = Field(default=None, ge=1, le=100_000_000)
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, le=100_000_000_000, description="Prompt and completion tokens together."
+    )
+    max_in_flight: int | None = Field(default=None, ge=1, le=1_000_000, description="Requests under way at once.")
+
+
+class AccessSpec(Model):
+    """Who may call the service: API keys per tenant (from a Secret), their quotas and priorities."""
+
+    api_keys_secret_ref: SecretRef | None = Field(
+        default=None,
+        description="Each key of the Secret is a tenant's name; its value, one API key per line. The routers "
+        "read this Secret only, and follow its changes (a rotated key works within 10 s).",
+    )
+    anonymous: bool = Field(
+        default=False, description="Serve requests without a key too, as the tenant 'anonymous'."
+    )
+    tenants: list[TenantSpec] = Field(
+        default_factory=list, max_length=MAX_TENANTS,
+        description="Tenants' priorities and quotas; a tenant of the Secret not named here is Standard, unlimited.",
+    )  # fmt: skip
+
+    @field_validator("tenants")
+    @classmethod
+    def _unique_tenants(cls, tenants: list[TenantSpec]) -> list[TenantSpec]:
+        names = [t.name for t in tenants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tenant names must be unique: {', '.join(twice)} given more than once")
+        return tenants
+
+    @model_validator(mode="after")
+    def _someone(self) -> AccessSpec:
+        if self.api_keys_secret_ref is None and not self.anonymous:
+            raise ValueError("access needs apiKeysSecretRef, or anonymous: true (else nobody is served)")
+        return self
+
+
 # Adapters per InferenceService at most (bounded so the API server can cost the CRD's CEL rules).
 MAX_ADAPTERS = 64
 # An adapter's name is the `model` clients send: no spaces, no '@' (Folio's engines know each adapter
@@ -501,6 +559,9 @@ class InferenceServiceSpec(Model):
     overflow: OverflowSpec | None = None
     shadow: ShadowSpec | None = None
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    access: AccessSpec | None = Field(
+        default=None, description="API keys per tenant, quotas and priorities; unset: the routers serve anyone."
+    )
     adapters: list[AdapterSpec] = Field(
         default_factory=list, max_length=MAX_ADAPTERS,
         description="LoRA adapters served on the base model's replicas, each pinned and rolled out on its own; "

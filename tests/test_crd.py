@@ -123,6 +123,12 @@ VALID = {
          "credentialsSecretRef": {"name": "hub"}, "rollout": {"steps": [{"weight": 10}, {"weight": 50}]}},
         {"name": "acme/support:v2", "source": "pvc://adapters/support", "digest": DIGEST},
     ]),
+    "access": manifest(access={"apiKeysSecretRef": {"name": "llm-keys"}, "tenants": [
+        {"name": "search", "priority": "Critical", "requestsPerMinute": 600, "tokensPerMinute": 200000,
+         "maxInFlight": 32},
+        {"name": "batch.jobs", "priority": "Sheddable"},
+    ]}),
+    "access-anonymous": manifest(access={"anonymous": True, "tenants": [{"name": "anonymous", "requestsPerMinute": 60}]}),
 }
 
 
@@ -182,6 +188,17 @@ INVALID = {
     "adapter-steps-decreasing": (manifest(adapters=[adapter(rollout={"steps": [{"weight": 50}, {"weight": 5}]})]),
                                  "must strictly increase"),
     "too-many-adapters": (manifest(adapters=[adapter(name=f"a{i}") for i in range(65)]), "is too long"),
+    # spec.access: nobody served, a tenant twice, absurd limits, a name no Secret key can be
+    "access-nobody": (manifest(access={"tenants": [{"name": "search"}]}), "needs apiKeysSecretRef, or anonymous"),
+    "access-tenant-twice": (manifest(access={"anonymous": True, "tenants": [{"name": "a"}, {"name": "a"}]}),
+                            "Duplicate value"),
+    "access-negative-limit": (manifest(access={"anonymous": True, "tenants": [{"name": "a", "requestsPerMinute": -1}]}),
+                              "less than the minimum of 1"),
+    "access-absurd-limit": (manifest(access={"anonymous": True, "tenants": [{"name": "a", "maxInFlight": 10**9}]}),
+                            "greater than the maximum"),
+    "access-bad-priority": (manifest(access={"anonymous": True, "tenants": [{"name": "a", "priority": "Urgent"}]}),
+                            "is not one of"),
+    "access-bad-name": (manifest(access={"anonymous": True, "tenants": [{"name": "a b"}]}), "does not match"),
 }
 
 
@@ -263,6 +280,7 @@ def test_invalid_manifests_are_refused_with_a_clear_message(name: str) -> None:
         ("replicas", -1, "spec.replicas must be 0 or more"),
         ("router.replicas", -1, "spec.router.replicas must be 0 or more"),
         ("rollout.steps", [{"weight": 0}, {"weight": 100}], "between 1 and 99"),
+        ("access", {"anonymous": False}, "needs apiKeysSecretRef, or anonymous"),
     ],
 )
 def test_cel_rules_back_up_the_schema(path: str, value: Any, message: str) -> None:

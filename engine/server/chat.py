@@ -81,7 +81,8 @@ async def create_chat_completion(
     top_k = (req.top_logprobs or 0) if req.logprobs else None
     request_id = new_id("chatcmpl")
     resumption = await serving.resumption(req, [prompt], [budget], top_k)
-    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption, lora=lora)
+    seqs = serving.sequences(request_id, [prompt], req, [budget], top_k, resumption=resumption, lora=lora,
+                             priority=serving.priority(req, raw))
     answer_id, created = answered_as(request_id, resumption)
     renderer = ChatRenderer(
         answer_id, serving.model_name(lora), serving.tokenizer, top_k,

@@ -71,7 +71,8 @@ async def create_completion(serving: OpenAIServing, req: CompletionRequest, raw:
     request_id = new_id("cmpl")
     prompt_logprobs = req.logprobs if req.echo else None
     resumption = await serving.resumption(req, prompts, budgets, req.logprobs, echo=req.echo)
-    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption, lora)
+    seqs = serving.sequences(request_id, prompts, req, budgets, req.logprobs, prompt_logprobs, resumption, lora,
+                             serving.priority(req, raw))
     answer_id, created = answered_as(request_id, resumption)
     renderer = CompletionRenderer(answer_id, serving.model_name(lora), serving.tokenizer, req, created)
     choices = Choices(seqs, prompts, req.n, echo_only, resumption=resumption, records=resumable(raw))

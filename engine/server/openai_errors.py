@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # 429: a tenant over its quota (spec.access)
     CLIENT_DISCONNECTED = "client_disconnected"  # 499: for the access log, nobody reads it
     # the engine (500, 503)
     INTERNAL_ERROR = "internal_error"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ class ServingConfig:
     # --tool-call-parser as resolved (the flag, else the model family's default); None: no "auto" tool choice
     tool_call_parser: str | None = None
 
+
+log = logging.getLogger(__name__)
 
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, config: ServingConfig) -> None:
@@ -167,6 +170,20 @@ class OpenAIServing:
         rules.check_context(prompt_len, requested, limit, param=param, prompt_param=prompt_param)
         return requested
 
+    def priority(self, req: SamplingRequest, raw: Request) -> int:
+        """The request's priority: its tenant's when the router names one (`rules.PRIORITY_HEADER`), else its own."""
+        header = raw.headers.get(rules.PRIORITY_HEADER)
+        if header is None:
+            return req.priority
+        config = getattr(self.engine.engine, "config", None)
+        if getattr(config, "scheduling_policy", "fcfs") != "priority":
+            return 0
+        try:
+            return int(header)
+        except ValueError:  # the router's own header: only a bug would garble it, and no client is to blame
+            log.warning("ignoring a malformed %s header: %r", rules.PRIORITY_HEADER, header[:40])
+            return 0
+
     # ------------------------------------------------------------------ sequences
 
     def sequences(
@@ -179,17 +196,19 @@ class OpenAIServing:
         prompt_logprobs: int | None = None,
         resumption: Resumption | None = None,
         lora: LoRARequest | None = None,
+        priority: int | None = None,
     ) -> list[EngineRequest]:
         """n sequences per prompt, under adapter ``lora`` if any; choice index = prompt index * n + k, seed + k
         when seeded. A continuation runs no finished choice, and the carried ones from their replays (their
-        prompt logprobs are carried)."""
+        prompt logprobs are carried). ``priority``: in place of the request's (`OpenAIServing.priority`)."""
+        priority = req.priority if priority is None else priority
         seqs: list[EngineRequest] = []
         for i in choice_indexes(len(prompts) * req.n, resumption):
             carried = resumption.carried.get(i) if resumption is not None else None
             params = self.choice_params(req, i, max_tokens, logprobs, None if carried else prompt_logprobs)
             resume = carried.replay if carried is not None else None
             seqs.append(EngineRequest(f"{request_id}-{i}", prompts[i // req.n].token_ids, params, request_id, resume,
-                                      lora, priority=req.priority))  # fmt: skip
+                                      lora, priority=priority))  # fmt: skip
         return seqs
 
     def choice_params(

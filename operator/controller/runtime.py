@@ -39,6 +39,8 @@ from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_a
 from folio.operator.parity import SuitePrompt, cluster_suite
 from folio.operator.reconcile import Capacity
 from folio.operator.rollout import Decision, Observed
+from folio.operator.router.secrets import decode_secret
+from folio.operator.router.tenants import INVALID_ACCESS, access_unavailable
 from folio.operator.serving.objects import Owner, PlanSettings, objects
 from folio.operator.serving.plan import Placement, ServingPlan
 from folio.operator.serving.validate import CLUSTER, Site
@@ -132,10 +134,25 @@ class ClusterRuntime:
         self.missing = tuple(missing)
         if self.watches is not None:  # a CRD installed after the start: kopf watches the kind from now on
             await self.watches.ensure([kind for kind in asked if kind not in missing], self.logger)
-        if not missing:
+        unavailable = [OPTIONAL[kind] for kind in missing]
+        access = await self._access(spec)
+        if access is not None:
+            unavailable.append(access)
+        if not unavailable:
             return observed
         return Observed(observed.now, observed.revisions, overrides=observed.overrides,
-                        unavailable=tuple(OPTIONAL[kind] for kind in missing))
+                        unavailable=tuple(unavailable))
+
+    async def _access(self, spec: InferenceServiceSpec) -> tuple[str, str] | None:
+        """What spec.access's Secret of API keys leaves wrong (read by name; its keys are never kept)."""
+        ref = spec.access.api_keys_secret_ref if spec.access is not None else None
+        if ref is None:
+            return None
+        try:
+            secret = await call(self.kube.get, "v1", "Secret", self.isvc.namespace, ref.name)
+        except ApiError as exc:
+            return INVALID_ACCESS, f"spec.access: cannot read the API keys' Secret {ref.name!r}: {exc}"
+        return access_unavailable(spec.access, decode_secret(secret) if secret is not None else None)
 
     def router_metrics(self) -> list[str]:
         return router_metrics_urls(self.children.pods_with(component_labels(self.isvc.name, "router")))

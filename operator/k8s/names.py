@@ -75,6 +75,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "PersistentVolumeClaim"),
     ("batch/v1", "Job"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "Role"),  # only with spec.access: its one Secret, for the routers
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     INFERENCE_POOL,  # opt-in; kopf skips it where its CRD is absent
@@ -155,6 +156,11 @@ def router_name(isvc: str) -> str:
 def router_account_name(isvc: str) -> str:
     """The router's ServiceAccount and RoleBinding."""
     return f"{isvc}-router"
+
+
+def router_keys_role_name(isvc: str) -> str:
+    """The Role (and its RoleBinding) that lets the routers read spec.access's Secret of API keys, that one only."""
+    return f"{isvc}-router-keys"
 
 
 def cache_pvc_name(isvc: str) -> str:

@@ -18,9 +18,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "line, the router's config) and exit: nothing is started or written",
     )
     add_state_dir(parser)
+    parser.add_argument(
+        "--secrets-dir",
+        help="Secrets as Kubernetes mounts them, DIR/NAME/KEY: spec.access.apiKeysSecretRef names one, each file "
+        "of it a tenant's API keys, one per line; followed while running (default: secrets in the state folder, "
+        ".folio/secrets)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from folio.operator.local.up import run_up
 
-    return run_up(args.file, port=args.port, state_dir=args.state_dir, dry_run=args.dry_run)
+    return run_up(args.file, port=args.port, state_dir=args.state_dir, dry_run=args.dry_run,
+                  secrets_dir=args.secrets_dir)

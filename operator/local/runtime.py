@@ -33,6 +33,8 @@ from folio.operator.parity import SuitePrompt, local_suite
 from folio.operator.prepull import ProgressBar, WeightsError, prepull
 from folio.operator.reconcile import Capacity, Memory, Target, run_pass
 from folio.operator.rollout import Decision, Event, Observed, RevisionFacts
+from folio.operator.router.secrets import FolderSecrets
+from folio.operator.router.tenants import access_unavailable
 from folio.operator.serving.adapters import AdapterRevisionPlan
 from folio.operator.serving.plan import RUNNING_ROLES, Placement, RevisionPlan, ServingPlan
 from folio.operator.serving.router import RouterConfig
@@ -82,8 +84,10 @@ class LocalRuntime:
         port: int,
         console: Console | None = None,
         supervisor: Supervisor | None = None,
+        secrets_dir: Path | None = None,
     ) -> None:
         self.dir = state_dir
+        self.secrets_dir = secrets_dir or state_dir.root / "secrets"  # spec.access's Secret of API keys
         self.saved = saved
         self.port = port
         self.console = console or Console(stderr=True)
@@ -177,7 +181,8 @@ class LocalRuntime:
             ROUTER,
             1,
             lambda port: folio_argv(
-                "router", "--name", self.name, "--port", str(port), "--config", str(self.dir.router_config)
+                "router", "--name", self.name, "--port", str(port), "--config", str(self.dir.router_config),
+                "--secrets-dir", str(self.secrets_dir),
             ),
             port=self.port,
         )
@@ -210,10 +215,14 @@ class LocalRuntime:
 
     async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
         await self.supervisor.tick()
+        ref = spec.access.api_keys_secret_ref if spec.access is not None else None
+        keys = await asyncio.to_thread(FolderSecrets(self.secrets_dir).read, ref.name) if ref is not None else None
+        access = access_unavailable(spec.access, keys)
         return Observed(
             now=now,
             revisions={rev.name: self._facts(rev) for rev in status.revisions},
             overrides=frozenset(self.saved.overrides),
+            unavailable=(access,) if access is not None else (),
         )
 
     def _facts(self, rev: RevisionStatus) -> RevisionFacts:

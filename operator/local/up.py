@@ -45,7 +45,8 @@ def refuse(console: Console, problems: Sequence[Problem], *, command: str = "up"
 
 
 def run_up(
-    file: str | Path, *, port: int, state_dir: str | Path, console: Console | None = None, dry_run: bool = False
+    file: str | Path, *, port: int, state_dir: str | Path, console: Console | None = None, dry_run: bool = False,
+    secrets_dir: str | Path | None = None,
 ) -> int:
     out = console or Console()  # --dry-run's plan: stdout, unless a console is given
     console = console or Console(stderr=True)
@@ -91,18 +92,19 @@ def run_up(
                 saved.manifest, saved.generation = manifest, saved.generation + 1
         d.save(saved)
         say(console, f"InferenceService {manifest.name!r}, revision {revision_name(manifest.spec)}")
-        asyncio.run(_serve(d, saved, port, console))
+        secrets = Path(secrets_dir).resolve() if secrets_dir is not None else d.root / "secrets"
+        asyncio.run(_serve(d, saved, port, console, secrets))
     finally:
         d.clear_control()
         d.unlock()
     return 0
 
 
-async def _serve(d: StateDir, saved: SavedState, port: int, console: Console) -> None:
+async def _serve(d: StateDir, saved: SavedState, port: int, console: Console, secrets_dir: Path) -> None:
     from folio.operator.local.control import make_server
     from folio.operator.local.runtime import LocalRuntime
 
-    runtime = LocalRuntime(d, saved, port=port, console=console)
+    runtime = LocalRuntime(d, saved, port=port, console=console, secrets_dir=secrets_dir)
     server, sock, url, token = make_server(runtime)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from functools import partial
@@ -17,7 +19,7 @@ from functools import partial
 import aiohttp
 from aiohttp import web
 
-from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
+from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES, PRIORITY_HEADER
 from folio.engine.server.continuation import RESUME_FIELD
 from folio.engine.server.openai_errors import ErrorCode, body_too_large_message
 from folio.operator.router.affinity import affinity_key
@@ -27,8 +29,10 @@ from folio.operator.router.loadscrape import LoadScraper
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.model_list import served_models
 from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyRequest
+from folio.operator.router.secrets import SecretReader
 from folio.operator.router.sources import ConfigSource
 from folio.operator.router.state import RoutingState
+from folio.operator.router.tenants import ENGINE_PRIORITY, Meter
 from folio.operator.serving.router import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -44,9 +48,11 @@ PROXIED: dict[str, tuple[str, bool, bool]] = {
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str, code: ErrorCode, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: ErrorCode, param: str | None = None, *,
+                 headers: dict[str, str] | None = None, tenant: str | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
+        self.headers, self.tenant = headers, tenant
 
 
 class RouterApp:
@@ -58,6 +64,7 @@ class RouterApp:
         source: ConfigSource,
         *,
         api_keys: Iterable[str] = (),
+        secrets: SecretReader | None = None,
         health_path: str = "/health",
         health_interval: float = 2.0,
         health_timeout: float = 2.0,
@@ -70,6 +77,7 @@ class RouterApp:
         self.source = source
         self.metrics = RouterMetrics(isvc)
         self.state = RoutingState(self.metrics, api_keys)
+        self.secrets = secrets  # where spec.access's Secret of API keys is read from
         self._health_opts = {"path": health_path, "interval": health_interval, "timeout": health_timeout}
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
         self._session: aiohttp.ClientSession | None = None
@@ -84,6 +92,7 @@ class RouterApp:
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
+        app.on_response_prepare.append(_rate_limit_headers)
         app.on_startup.append(lambda _: self.startup())
         app.on_cleanup.append(lambda _: self.shutdown())
         return app
@@ -107,6 +116,7 @@ class RouterApp:
             asyncio.create_task(self._run_source(), name="router-config"),
             asyncio.create_task(health.run(), name="router-health"),
             asyncio.create_task(LoadScraper(self._session, self.state.balancer.replicas).run(), name="router-load"),
+            asyncio.create_task(self._follow_secret(), name="router-secret"),
         ]
 
     async def shutdown(self) -> None:
@@ -127,6 +137,26 @@ class RouterApp:
             log.exception("config source %s stopped", type(self.source).__name__)
             raise
 
+    async def _follow_secret(self, poll_s: float = 0.5) -> None:
+        """Follows the Secret of API keys the access in force names, another when it names another."""
+        following: tuple[str, asyncio.Task[None]] | None = None
+        try:
+            while True:
+                name = self.state.secret_name
+                if following is not None and following[0] != name:
+                    following[1].cancel()
+                    following = None
+                if following is None and name is not None:
+                    if self.secrets is None:
+                        self.state.set_secret(name, None)  # nowhere to read it: no key is accepted
+                    else:
+                        deliver = partial(self.state.set_secret, name)
+                        following = (name, asyncio.create_task(self.secrets.follow(name, deliver)))
+                await asyncio.sleep(poll_s)
+        finally:
+            if following is not None:
+                following[1].cancel()
+
     def apply(self, config: RouterConfig) -> None:
         self.state.apply(config)
         if self._proxy is not None:
@@ -136,8 +166,9 @@ class RouterApp:
 
     async def _health(self, request: web.Request) -> web.Response:
         body: dict[str, object] = {"status": "ok"}
-        if self.state.config.problems:  # serving, but without part of its config
-            body["configProblems"] = list(self.state.config.problems)
+        problems = [*self.state.config.problems, *self.state.access_problems]
+        if problems:  # serving, but without part of its config
+            body["configProblems"] = problems
         return web.json_response(body)
 
     async def _ready(self, request: web.Request) -> web.Response:
@@ -158,43 +189,117 @@ class RouterApp:
             try:
                 proxy_request = await self._admit(request, method, mirror, use_split)
             except RequestError as exc:
-                headers = {"Allow": method} if exc.status == 405 else None
-                if exc.status == 401:
+                headers = exc.headers
+                if exc.status == 405:
+                    headers = {"Allow": method}
+                elif exc.status == 401:
                     headers = {"WWW-Authenticate": "Bearer"}
-                return error_response(exc.status, str(exc), code=exc.code, param=exc.param, headers=headers)
-            # A client that leaves cancels this handler (handler_cancellation), which closes the
-            # upstream connection with it, so the engine stops generating for nobody.
-            return await self._proxy.forward(proxy_request, request)
+                response = error_response(exc.status, str(exc), code=exc.code, param=exc.param, headers=headers)
+                if exc.tenant is not None:
+                    self.metrics.tenant_answered(exc.tenant, str(exc.status), 0, 0)
+                return response
+            meter = proxy_request.meter
+            if meter is None:
+                # A client that leaves cancels this handler (handler_cancellation), which closes the
+                # upstream connection with it, so the engine stops generating for nobody.
+                return await self._proxy.forward(proxy_request, request)
+            code = "499"  # (nginx's) the client left before its answer began
+            try:
+                response = await self._proxy.forward(proxy_request, request)
+                code = str(response.status)
+                return response
+            finally:
+                self._settle(meter, code)
 
         return handle
+
+    def _settle(self, meter: Meter, code: str) -> None:
+        """A tenant's request ended: its place in flight is free, its tokens settled and counted."""
+        tenants = self.state.tenants
+        quota = tenants.quotas.get(meter.tenant) if tenants is not None else None
+        if quota is not None and quota.in_flight > 0:  # (none: its tenant left the Secret meanwhile)
+            quota.settle(meter.reserved, meter.used, time.monotonic())
+        # (a streamed answer shows no prompt count: its estimate stands in, once the answer is there)
+        prompt = meter.prompt_tokens if meter.prompt_tokens is not None else meter.prompt_estimate if code == "200" else 0
+        self.metrics.tenant_answered(meter.tenant, code, prompt, meter.completion_tokens or 0)
 
     async def _admit(self, request: web.Request, method: str, mirror: bool, use_split: bool) -> ProxyRequest:
         """Check the request before it costs an upstream anything."""
         if request.method != method:
             raise RequestError(405, f"{request.path} accepts {method} only", ErrorCode.METHOD_NOT_ALLOWED)
-        if not self.state.api_keys.allows(request.headers.get("Authorization")):
+        tenants = self.state.tenants
+        tenant: str | None = None
+        if tenants is not None:
+            tenant = tenants.identify(request.headers.get("Authorization"), request.headers.get("api-key"))
+            if tenant is None:
+                raise RequestError(401, "missing or invalid API key (send 'Authorization: Bearer KEY' or 'api-key: KEY')",
+                                   ErrorCode.INVALID_API_KEY)  # fmt: skip
+        elif not self.state.api_keys.allows(request.headers.get("Authorization")):
             raise RequestError(
                 401, "missing or invalid API key (send 'Authorization: Bearer KEY')", ErrorCode.INVALID_API_KEY
             )
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise RequestError(
-                413, body_too_large_message(self.max_body_bytes), ErrorCode.BODY_TOO_LARGE
-            ) from None
-        parsed = _check_json_object(body) if method == "POST" else {}
-        if RESUME_FIELD in parsed:  # the router's own field, for continuing an answer (`migration`)
-            raise RequestError(400, f"'{RESUME_FIELD}' is not a request parameter", ErrorCode.INVALID_VALUE,
-                               param=RESUME_FIELD)
+            body, parsed = await _read(request, method, self.max_body_bytes)
+        except RequestError as exc:
+            exc.tenant = tenant  # a tenant's bad request is metered as its own
+            raise
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST_HEADERS]
+        meter = None
+        if tenant is not None and method == "POST":
+            assert tenants is not None
+            meter = self._reserve(request, tenant, body, parsed)
+            priority = ENGINE_PRIORITY[tenants.policy(tenant).priority]
+            if priority:  # (a Standard request is the engines' default, 0: nothing to say)
+                headers.append((PRIORITY_HEADER, str(priority)))
         balancer = self.state.balancer
         key = affinity_key(parsed, headers, balancer.settings.prefix_char_length) if balancer.by_prefix else None
         admitted = ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split,
-                                affinity=key, parsed=parsed if method == "POST" else None)
+                                affinity=key, parsed=parsed if method == "POST" else None, meter=meter)
         if request.path == "/v1/models" and self.state.adapters:
             return replace(admitted, rewrite=partial(served_models, adapters=frozenset(self.state.adapters)))
         adapter = self.state.adapter(parsed.get("model")) if method == "POST" else None
         return admitted if adapter is None else admitted.under(adapter)
+
+
+    def _reserve(self, request: web.Request, tenant: str, body: bytes, parsed: dict[str, object]) -> Meter:
+        """Takes the request's share of its tenant's quota, or refuses it (429 with when to try again)."""
+        tenants = self.state.tenants
+        assert tenants is not None
+        quota = tenants.quotas[tenant]
+        meter = Meter.reserve(tenant, request.path, body, parsed)
+        now = time.monotonic()
+        refusal = quota.refusal(meter.reserved, now)
+        if refusal is None:
+            quota.admit(meter.reserved, now)
+        request[RATE_LIMIT_HEADERS] = quota.headers(now)  # on its answer, whichever it is
+        if refusal is not None:
+            raise RequestError(429, f"tenant {tenant!r}: {refusal.message}; retry after "
+                               f"{math.ceil(refusal.retry_after)}s", ErrorCode.RATE_LIMIT_EXCEEDED,
+                               headers={"Retry-After": str(max(1, math.ceil(refusal.retry_after)))},
+                               tenant=tenant)  # fmt: skip
+        return meter
+
+
+async def _read(request: web.Request, method: str, max_body_bytes: int) -> tuple[bytes, dict[str, object]]:
+    """The body, and its JSON object (POST; empty for GET), or the 4xx saying what is wrong with it."""
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(413, body_too_large_message(max_body_bytes), ErrorCode.BODY_TOO_LARGE) from None
+    parsed = _check_json_object(body) if method == "POST" else {}
+    if RESUME_FIELD in parsed:  # the router's own field, for continuing an answer (`migration`)
+        raise RequestError(400, f"'{RESUME_FIELD}' is not a request parameter", ErrorCode.INVALID_VALUE,
+                           param=RESUME_FIELD)
+    return body, parsed
+
+
+RATE_LIMIT_HEADERS = web.RequestKey("folio_rate_limit_headers", list)
+
+
+async def _rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer to a tenant with limits carries OpenAI's x-ratelimit-* headers."""
+    for name, value in request.get(RATE_LIMIT_HEADERS, ()):
+        response.headers[name] = value
 
 
 def _check_json_object(body: bytes) -> dict[str, object]:

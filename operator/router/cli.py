@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' with one of the keys in FILE (one per line)",
     )
     parser.add_argument(
+        "--secrets-dir",
+        metavar="DIR",
+        help="with --config: Secrets as Kubernetes mounts them (DIR/NAME/KEY), where the API keys' Secret of "
+        "spec.access is read from (with --kubernetes it is read through the API)",
+    )
+    parser.add_argument(
         "--health-path", default="/health", help="replica health check path (default /health)"
     )
     parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between health checks")
@@ -71,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from folio.operator.router.app import RouterApp
     from folio.operator.router.auth import read_keys_file
+    from folio.operator.router.secrets import FolderSecrets, SecretReader
     from folio.operator.router.server import bind, serve_until_signalled
     from folio.operator.router.sources import ConfigSource, FileSource
 
@@ -98,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
 
     source: ConfigSource
+    secrets: SecretReader | None = None
     if args.kubernetes:
         from folio.operator.k8s.client import AsyncKube
         from folio.operator.k8s.names import namespace_in_pod
@@ -115,17 +123,20 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
         source = KubernetesSource(args.name, namespace, api)
+        secrets = source
         host = args.host or "0.0.0.0"
     else:
         if not os.path.exists(args.config):
             logging.getLogger("folio.router").warning("%s does not exist yet; waiting for it", args.config)
         source = FileSource(args.config)
+        secrets = FolderSecrets(args.secrets_dir) if args.secrets_dir else None
         host = args.host or "127.0.0.1"
 
     app = RouterApp(
         args.name,
         source,
         api_keys=keys,
+        secrets=secrets,
         health_path=args.health_path,
         health_interval=args.health_interval,
         read_timeout=args.upstream_timeout,

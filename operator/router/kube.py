@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from folio.operator.k8s.client import AsyncKube, path
-from folio.operator.k8s.names import ENGINE_PORT, OVERFLOW_KEY_FILE, SERVICE_NAME_LABEL, revision_of_service
+from folio.operator.k8s.names import (
+    ENGINE_PORT,
+    OVERFLOW_KEY_FILE,
+    SERVICE_NAME_LABEL,
+    revision_of_service,
+    router_name,
+)
+from folio.operator.router.secrets import Deliver, decode_secret
 from folio.operator.router.sources import Apply
 from folio.operator.serving.router import RoutedSpec, RouterConfig, routable, router_config
 from folio.operator.spec import API_VERSION, KIND, InferenceServiceStatus
@@ -47,6 +54,7 @@ class KubernetesSource:
         # Deployment): neither the router nor the operator may read Secrets through the API.
         self._overflow_key_file = overflow_key_file
         self._overflow_key: tuple[tuple[str, str] | None, str | None, float] = (None, None, 0.0)
+        self._connected = asyncio.Event()  # `run` has opened the API session `follow` shares
 
     async def run(self, apply: Apply) -> None:
         api = self._api = self._api or AsyncKube.from_environment()
@@ -81,12 +89,28 @@ class KubernetesSource:
             await publish()
 
         async with api:
+            self._connected.set()
             await asyncio.gather(
                 api.follow(path(API_VERSION, KIND, ns), {"fieldSelector": f"metadata.name={self.isvc}"},
                            on_isvcs, on_isvc, retry_max_s=self._retry_max_s),
                 api.follow(path("discovery.k8s.io/v1", "EndpointSlice", ns), {"labelSelector": SERVICE_NAME_LABEL},
                            on_slices, on_slice, retry_max_s=self._retry_max_s),
             )
+
+    async def follow(self, name: str, deliver: Deliver) -> None:
+        """The API keys' Secret ``name`` (`folio.operator.router.secrets.SecretReader`), watched through the
+        API: the router's Role may get, list and watch that Secret alone."""
+        await self._connected.wait()
+        assert self._api is not None
+
+        async def on_list(items: list[Object]) -> None:
+            deliver(decode_secret(items[0]) if items else None)
+
+        async def on_event(kind: str, obj: Object) -> None:
+            deliver(None if kind == "DELETED" else decode_secret(obj))
+
+        await self._api.follow(path("v1", "Secret", self.namespace), {"fieldSelector": f"metadata.name={name}"},
+                               on_list, on_event, retry_max_s=self._retry_max_s)  # fmt: skip
 
     # ------------------------------------------------------------------------------ config
 
@@ -104,15 +128,18 @@ class KubernetesSource:
                 self._spec_problems = problems
         wanted = set(routable(status))
         endpoints: dict[str, list[str]] = {}
+        routers = 0  # the ready routers of the service (its own Service's endpoints): they share each quota
         for name in sorted(self._slices):
             obj = self._slices[name]
             service = ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL, "")
+            if service == router_name(self.isvc):
+                routers += len(slice_urls(obj))
             revision = revision_of_service(self.isvc, service)
             if revision in wanted:
                 endpoints.setdefault(revision, []).extend(slice_urls(obj))
         overflow = self._spec.overflow if self._spec is not None else None
         key = await self._secret(overflow.api_key_secret_ref) if overflow is not None else None
-        return router_config(self._spec, status, endpoints, overflow_api_key=key)
+        return router_config(self._spec, status, endpoints, overflow_api_key=key, routers=max(1, routers))
 
     async def _secret(self, ref: Any) -> str | None:
         if ref is None:

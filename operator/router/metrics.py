@@ -148,6 +148,13 @@ class RouterMetrics:
         self._revisions: set[str] | None = None
         self._replicas: set[tuple[str, str]] | None = None
         self._leaving: dict[str, float] = {}  # revisions out of the config -> since when (`clock`)
+        self.tenant_requests = Counter(
+            m.TENANT_REQUESTS, "Requests per tenant, by the HTTP status of their answer.", [m.ISVC, m.TENANT, m.CODE],
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            m.TENANT_TOKENS, "Tokens per tenant, prompt and completion.", [m.ISVC, m.TENANT, m.KIND], registry=r
+        )
         self._metrics = {id(metric): metric for metric in vars(self).values() if isinstance(metric, MetricWrapperBase)}
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
@@ -228,6 +235,14 @@ class RouterMetrics:
 
     def affinity(self, revision: str, result: str) -> None:
         self._child(self.prefix_affinity, revision, result).inc()
+
+    def tenant_answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """A tenant's request ended (the tenants are the Secret's keys: a bounded set, kept for good)."""
+        self.tenant_requests.labels(self.isvc, tenant, code).inc()
+        if prompt_tokens:
+            self.tenant_tokens.labels(self.isvc, tenant, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self.tenant_tokens.labels(self.isvc, tenant, "completion").inc(completion_tokens)
 
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()

@@ -50,6 +50,7 @@ from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.progress import DONE_EVENT, Progress
 from folio.operator.router.shadow_compare import Capture
 from folio.operator.router.state import RoutingState
+from folio.operator.router.tenants import Meter
 from folio.operator.router.timeouts import GATEWAY_TIMEOUT, Stalled, next_chunk
 
 log = logging.getLogger(__name__)
@@ -106,13 +107,15 @@ class Answer:
     so a broken attempt can be continued."""
 
     def __init__(
-        self, downstream: web.Request, metrics: RouterMetrics, *, streamed: bool, capture: Capture | None = None
+        self, downstream: web.Request, metrics: RouterMetrics, *, streamed: bool, capture: Capture | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.downstream = downstream
         self.progress = Progress(streamed)
         self.resumable = False
         self.continuations = 0
         self.capture = capture
+        self.meter = meter
         self.out: web.StreamResponse | None = None
         self._metrics = metrics
         self._last = 0.0  # when the client got its last byte (unstreamed: when the last one arrived)
@@ -158,6 +161,11 @@ class Answer:
             return self._broke(revision, m.MIGRATION_ENGINE_ERROR, f"{failed.failed}: {failed.message}")
         if not progress.ended:
             return self._broke(revision, m.MIGRATION_RESET, "the answer ended before its end")
+        if self.meter is not None:
+            if streamed and self.resumable:  # (a stream of an engine without records: its reservation stands)
+                self.meter.count(sum(len(c.token_ids) for c in progress.choices.values()))
+            elif not streamed:
+                self.meter.read_usage(progress.final)
         if streamed:
             assert self.out is not None
             await write(self.out, None, resp)

@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from folio.engine.rules import PRIORITY_HEADER
 from folio.engine.server.continuation import CREATED_HEADER, RESPONSE_ID_HEADER, RESUMABLE_HEADER
 from folio.engine.server.openai_errors import ErrorCode
 from folio.operator.router.balancer import Replica
@@ -40,6 +41,7 @@ from folio.operator.router.migration import (
 from folio.operator.router.outliers import is_failure
 from folio.operator.router.shadow_compare import Capture, Comparison, comparable
 from folio.operator.router.state import RoutingState
+from folio.operator.router.tenants import Meter
 from folio.operator.router.timeouts import (
     TIMEOUT,
     Stalled,
@@ -59,7 +61,8 @@ _HOP_BY_HOP = {
 # The router's own credentials never travel upstream; aiohttp computes the length itself.
 # A client's X-Folio-Resumable is not its to send: the router asks for records itself (`migration`).
 DROP_REQUEST_HEADERS = frozenset({
-    *_HOP_BY_HOP, "host", "content-length", "authorization", "expect", RESUMABLE_HEADER.lower(),
+    *_HOP_BY_HOP, "host", "content-length", "authorization", "api-key", "expect", RESUMABLE_HEADER.lower(),
+    PRIORITY_HEADER.lower(),  # the router's to set, from the tenant (`tenants`)
 })  # fmt: skip
 # The only request headers the overflow endpoint (a remote service, outside the cluster and its trust)
 # gets from a client: what OpenAI's API documents as request headers, plus the body's type and the
@@ -90,6 +93,7 @@ class ProxyRequest:
     parsed: dict[str, Any] | None = None  # the JSON body of a completion or chat request: it may be continued
     adapter: Adapter = NO_ADAPTER  # (adapter, its revision) the request's model named, for the metrics
     rewrite: Callable[[bytes], bytes] | None = None  # applied to a whole (not streamed) successful answer
+    meter: Meter | None = None  # a tenant's request: the usage its answer shows settles its quota
 
     @property
     def streamed(self) -> bool:
@@ -351,7 +355,8 @@ class Proxy:
                     if isinstance(relayed, Seam):
                         broke = relayed.code
                 else:
-                    relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture, req.rewrite)
+                    relayed, broke = await self._relay(resp, head, revision, downstream, limit, capture, req.rewrite,
+                                                       req.meter)  # fmt: skip
             except BaseException:
                 resp.close()  # drop the connection so the engine sees the client leave and aborts
                 raise
@@ -383,7 +388,8 @@ class Proxy:
         if answer is None:
             ids = resumable_answer(resp) if self._resumable(req) else None
             # Unstreamed, a resumable engine answers as events too: the client gets the final JSON alone.
-            answer = Answer(downstream, self.metrics, streamed=req.streamed or ids is None, capture=capture)
+            answer = Answer(downstream, self.metrics, streamed=req.streamed or ids is None, capture=capture,
+                            meter=req.meter)
             if ids is not None:
                 answer.resumable = True
                 answer.progress.response_id, answer.progress.created = ids
@@ -395,7 +401,7 @@ class Proxy:
 
     async def _relay(
         self, resp: aiohttp.ClientResponse, head: Head, revision: str, downstream: web.Request, limit: float,
-        capture: Capture | None = None, rewrite: Callable[[bytes], bytes] | None = None,
+        capture: Capture | None = None, rewrite: Callable[[bytes], bytes] | None = None, meter: Meter | None = None,
     ) -> tuple[web.StreamResponse, str | None]:
         """Pass on an answer that is not an event stream from its first bytes; with it the attempt's code
         when the upstream failed mid-answer (the client is cut off then: too late to change the status, and
@@ -406,6 +412,8 @@ class Proxy:
                 capture.add(head.first)
             headers.popall("Content-Length", None)  # set again from the body
             body = head.first
+            if meter is not None and resp.status == 200:
+                meter.read_usage(body)
             if rewrite is not None and body is not None and resp.status == 200:
                 body = rewrite(body)
             return web.Response(status=resp.status, reason=resp.reason, body=body, headers=headers), None

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from folio.operator.router.auth import ApiKeys
 from folio.operator.router.balancer import Balancer, Replica
 from folio.operator.router.metrics import Adapter, RouterMetrics
+from folio.operator.router.quota import Limits
 from folio.operator.router.split import WeightedSplit
-from folio.operator.serving.router import RouterConfig
+from folio.operator.router.tenants import TenantPolicy, Tenants, check_keys
+from folio.operator.serving.router import Access, RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,9 @@ class RoutingState:
         self.api_keys = ApiKeys(self._static_keys)
         self.loaded = False  # a source has delivered at least one config
         self.fingerprint: str | None = None  # the config in force (`RouterConfig.fingerprint`), once loaded
+        self.tenants: Tenants | None = None  # None: no spec.access, anyone is served (static keys aside)
+        self.access_problems: tuple[str, ...] = ()
+        self._secret: tuple[str, dict[str, list[str]] | None] | None = None  # (name, its keys) as last read
 
     def apply(self, config: RouterConfig) -> None:
         """Swap in a new config; the next request already follows it."""
@@ -48,12 +54,42 @@ class RoutingState:
         self.balancer.update(config.endpoints)
         if config.api_keys != old.api_keys or not self.loaded:
             self.api_keys = ApiKeys([*self._static_keys, *(config.api_keys or [])])
+        if config.access != old.access or not self.loaded:
+            self._apply_access(config.access)
         if config.problems != old.problems:
             for problem in config.problems:  # what the config held that the router could not use
                 log.error("router config: %s; serving without it", problem)
         self.config = config
         self.fingerprint = config.fingerprint()
         self.loaded = True
+
+    def set_secret(self, name: str, keys: dict[str, list[str]] | None) -> None:
+        """The keys read from Secret ``name`` (`folio.operator.router.secrets`); None: it is missing."""
+        if self._secret != (name, keys):
+            self._secret = (name, keys)
+            self._apply_access(self.config.access)
+
+    @property
+    def secret_name(self) -> str | None:
+        """The Secret of API keys to follow: the access in force names it."""
+        access = self.config.access
+        return access.api_keys_secret if access is not None else None
+
+    def _apply_access(self, access: Access | None) -> None:
+        if access is None:
+            self.tenants, problems = None, ()
+        else:
+            name = access.api_keys_secret
+            keys = self._secret[1] if self._secret is not None and self._secret[0] == name else None
+            tenant_keys, problems = check_keys(name, keys, [t.name for t in access.tenants])
+            policies = [TenantPolicy(t.name, t.priority, Limits(t.requests_per_minute, t.tokens_per_minute,
+                                                                t.max_in_flight)) for t in access.tenants]  # fmt: skip
+            self.tenants = Tenants(policies, tenant_keys, anonymous=access.anonymous, share=1.0 / access.routers,
+                                   now=time.monotonic(), previous=self.tenants)  # fmt: skip
+        if problems != self.access_problems:
+            for problem in problems:
+                log.error("access: %s", problem)
+            self.access_problems = problems
 
     def _apply_adapters(self, config: RouterConfig, old: RouterConfig) -> None:
         """A split per adapter; one whose weights did not change keeps its interleaving."""

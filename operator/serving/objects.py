@@ -38,6 +38,7 @@ from folio.operator.k8s.names import (
     engine_name,
     network_policy_name,
     router_account_name,
+    router_keys_role_name,
     router_name,
     selector,
 )
@@ -333,7 +334,7 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
         },
         {
             # Binds the chart's router ClusterRole in this namespace: the operator holds `bind` on that
-            # one role only, instead of creating Roles (and holding every permission they grant).
+            # one role only, instead of holding every permission it grants.
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _meta(owner, account, labels),
@@ -363,6 +364,34 @@ def router_objects(owner: Owner, spec: InferenceServiceSpec, settings: PlanSetti
                 "selector": selector(isvc, "router"),
                 "ports": [{"name": "http", "port": ROUTER_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
             },
+        },
+        *keys_role(owner, spec),
+    ]
+
+
+def keys_role(owner: Owner, spec: InferenceServiceSpec) -> list[Obj]:
+    """With spec.access, a Role that lets the routers get, list and watch the Secret of API keys, that one
+    Secret only (they follow its rotations through the API: a mounted Secret is refreshed too late), and its
+    RoleBinding. The operator holds those permissions itself, as the API server asks of whoever grants them."""
+    ref = spec.access.api_keys_secret_ref if spec.access is not None else None
+    if ref is None:
+        return []
+    isvc, name = owner.name, router_keys_role_name(owner.name)
+    labels = component_labels(isvc, "router")
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(owner, name, labels),
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [ref.name],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(owner, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": router_account_name(isvc), "namespace": owner.namespace}],
         },
     ]
 

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from folio.operator.parity import holds_shadow
 from folio.operator.spec import (
+    AccessSpec,
     AutoscalingSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
@@ -34,6 +35,7 @@ from folio.operator.spec import (
     PositiveDuration,
     RouterSpec,
     ShadowSpec,
+    TenantSpec,
     TrafficTarget,
     describe_errors,
     parse_duration,
@@ -95,6 +97,24 @@ class AdapterRoute(_Wire):
     stable: str | None = None
 
 
+class Access(_Wire):
+    """Who may call (`folio.operator.router.tenants`): the keys' Secret, anonymous callers, tenants' policies,
+    and how many routers share each limit. Never an optional part: a router that cannot follow the access it
+    is given keeps the last it could (or, first, serves nobody) rather than serving everyone."""
+
+    api_keys_secret: str | None = None
+    anonymous: bool = False
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    routers: int = Field(default=1, ge=1)
+
+    @classmethod
+    def of(cls, spec: AccessSpec | None, routers: int = 1) -> Access | None:
+        if spec is None:
+            return None
+        secret = spec.api_keys_secret_ref.name if spec.api_keys_secret_ref is not None else None
+        return cls(api_keys_secret=secret, anonymous=spec.anonymous, tenants=spec.tenants, routers=routers)
+
+
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
 # bad overflow URL never leaves a router with nothing to serve.
 OPTIONAL_PARTS = (
@@ -117,6 +137,7 @@ class RouterConfig(_Wire):
     # Continuing an answer on another replica when its own fails after the first byte.
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     api_keys: list[str] | None = None
+    access: Access | None = None  # spec.access: tenants, their keys' Secret and quotas
     # adapter name (the `model` clients send) -> its revisions' weights (`folio.operator.serving.adapters`)
     adapters: dict[str, AdapterRoute] = Field(default_factory=dict)
     # what parse() dropped, one readable line per part: the router logs these and reports them on /health
@@ -189,11 +210,15 @@ class RoutedSpec(_Wire):
     autoscaling: AutoscalingSpec | None = None
     request_timeout: PositiveDuration = DEFAULT_REQUEST_TIMEOUT  # spec.rollout.analysis.requestTimeout
     parity_gate: bool = False  # spec.rollout.parity is set: a canary gets no shadow copy before it passes
+    access: AccessSpec | None = None
+    # spec.access is set but does not parse: the routers serve nobody (never everybody) until it is mended
+    access_refused: bool = False
 
     @classmethod
     def of(cls, spec: InferenceServiceSpec) -> RoutedSpec:
         return cls(router=spec.router, shadow=spec.shadow, overflow=spec.overflow, autoscaling=spec.autoscaling,
-                   request_timeout=spec.rollout.analysis.request_timeout, parity_gate=spec.rollout.parity is not None)
+                   request_timeout=spec.rollout.analysis.request_timeout, parity_gate=spec.rollout.parity is not None,
+                   access=spec.access)
 
     @classmethod
     def from_wire(cls, spec: Mapping[str, Any]) -> tuple[RoutedSpec, list[str]]:
@@ -202,7 +227,7 @@ class RoutedSpec(_Wire):
         rollout = spec.get("rollout") if isinstance(spec.get("rollout"), dict) else {}
         analysis = rollout.get("analysis") if isinstance(rollout.get("analysis"), dict) else {}
         parts = {  # wire key: (value, where it sits in the spec)
-            **{key: (spec.get(key), "spec") for key in ("router", "shadow", "overflow", "autoscaling")},
+            **{key: (spec.get(key), "spec") for key in ("router", "shadow", "overflow", "autoscaling", "access")},
             "requestTimeout": (analysis.get("requestTimeout"), "spec.rollout.analysis"),
         }
         kept: dict[str, Any] = {"parityGate": rollout.get("parity") is not None}
@@ -215,6 +240,7 @@ class RoutedSpec(_Wire):
                 kept[key] = value
             except ValidationError as exc:
                 problems.append(describe_errors(exc, where))
+                kept["accessRefused"] = kept.get("accessRefused", False) or key == "access"
         return cls.model_validate(kept), problems
 
 
@@ -230,9 +256,11 @@ def router_config(
     endpoints: Mapping[str, Sequence[str]],
     *,
     overflow_api_key: str | None = None,
+    routers: int = 1,
 ) -> RouterConfig:
     """What a router should do now; ``endpoints`` maps a revision to its ready replicas' base URLs.
-    ``spec`` None (it could not be read) leaves shadow, overflow and holding out and the rest at defaults."""
+    ``spec`` None (it could not be read) leaves shadow, overflow and holding out and the rest at defaults.
+    ``routers``: how many routers serve the service, each enforcing its share of the tenants' limits."""
     routing: dict[str, Any] = {}
     if spec is not None:
         shadow = spec.shadow if spec.shadow is not None and not (spec.parity_gate and holds_shadow(status)) else None
@@ -244,6 +272,7 @@ def router_config(
             "migration": spec.router.migration,
             "holding": Holding.of(spec.autoscaling) if spec.autoscaling is not None else None,
             "overflow": Overflow(url=spec.overflow.url, api_key=overflow_api_key) if spec.overflow else None,
+            "access": Access() if spec.access_refused else Access.of(spec.access, max(1, routers)),
         }
     return RouterConfig(
         traffic=list(status.traffic),

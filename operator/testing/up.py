@@ -38,6 +38,7 @@ def write_manifest(
     router: dict[str, Any] | None = None,
     autoscaling: dict[str, Any] | None = None,
     adapters: list[dict[str, Any]] | None = None,
+    access: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -59,6 +60,8 @@ def write_manifest(
         doc["spec"]["autoscaling"] = autoscaling
     if adapters:
         doc["spec"]["adapters"] = adapters
+    if access is not None:
+        doc["spec"]["access"] = access
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

@@ -25,6 +25,7 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("", "persistentvolumeclaims"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("batch", "jobs"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("policy", "poddisruptionbudgets"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    ("rbac.authorization.k8s.io", "roles"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("rbac.authorization.k8s.io", "rolebindings"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # observation, indexed: crash loops, pre-pull failures, router pods for the analysis
@@ -34,6 +35,9 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("", "events"): frozenset({"create"}),
     # a parity gate's own suite (spec.rollout.parity.configMapRef), read by name
     ("", "configmaps"): frozenset({"get"}),
+    # spec.access: the routers' Role reads its Secret of API keys (the operator must hold what it grants);
+    # the operator reads it by name to report its problems in status
+    ("", "secrets"): frozenset({"get", "list", "watch"}),
     # the opt-in Gateway API InferencePool per InferenceService (spec.router.inferencePool)
     ("inference.networking.k8s.io", "inferencepools"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # ...and the HTTPRoute splitting a Gateway's traffic over those pools (spec.router.gateway)
@@ -139,6 +143,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("v1", "ServiceAccount"): ("", "serviceaccounts"),
         ("v1", "PersistentVolumeClaim"): ("", "persistentvolumeclaims"), ("batch/v1", "Job"): ("batch", "jobs"),
         ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
+        ("rbac.authorization.k8s.io/v1", "Role"): ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
         ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
@@ -177,6 +182,29 @@ def test_operator_binds_the_charts_router_role(rendered: dict[str, list[h.Obj]],
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": router_role["metadata"]["name"]}
     assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole")]
+
+
+def test_with_access_the_routers_may_read_their_one_secret_which_the_operator_may_grant() -> None:
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": "hf://org/model", "revision": "0" * 40},
+        "access": {"apiKeysSecretRef": {"name": "llm-keys"}, "tenants": [{"name": "search"}]},
+    })
+    objects = router_objects(Owner("chat", "models", "uid-1"), spec, PlanSettings())
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["name"] == "chat-router-keys" and role["metadata"]["namespace"] == "models"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["llm-keys"],
+                              "verbs": ["get", "list", "watch"]}]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding" and o["roleRef"]["kind"] == "Role"]
+    assert binding["roleRef"]["name"] == "chat-router-keys"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "chat-router", "namespace": "models"}]
+    # the API server lets the operator grant only what it holds itself
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= ALLOWED[(group, resource)]
+    without = spec.model_copy(update={"access": None})
+    assert not [o for o in router_objects(Owner("chat", "models", "uid-1"), without, PlanSettings())
+                if o["kind"] == "Role"]
 
 
 def test_the_operator_binds_the_charts_endpoint_picker_role_only_when_it_deploys_pickers(

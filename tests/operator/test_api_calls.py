@@ -10,6 +10,7 @@ that only an admission check or a cluster feature uses (listed, with why). KEDA'
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import kmock
@@ -17,6 +18,7 @@ import pytest
 
 from tests.chart.test_rbac import ALLOWED
 from tests.operator.harness import (
+    NAMESPACE,
     ApiServer,
     Cluster,
     bring_up,
@@ -40,6 +42,9 @@ NOT_CALLED: dict[Call, str] = {
     ("", "configmaps", "get"): "a rollout feature this lifecycle does not use",
     # only engine pods that serve adapters carry the adapters readiness gate (tests/operator/test_adapters.py)
     ("", "pods/status", "patch"): "spec.adapters only: the adapters readiness gate",
+    # held so that the operator may grant them: the routers' Role (spec.access) lists and watches its Secret
+    ("", "secrets", "list"): "granted to the routers' Role; the API server asks the operator to hold it",
+    ("", "secrets", "watch"): "granted to the routers' Role; the API server asks the operator to hold it",
     **{("keda.sh", "scaledobjects", verb): "spec.autoscaling.keda only: test_keda_calls_what_the_chart_grants"
        for verb in ALLOWED[("keda.sh", "scaledobjects")]},
 }
@@ -67,7 +72,11 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
     declare_resources(kmock)
     cluster = Cluster(kmock)
     cluster.kube.client.set_default_header(TEST_CLIENT, "1")
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": NAMESPACE},
+              "data": {"search": base64.b64encode(b"sk-1\n").decode()}}
+    await cluster.call(cluster.kube.create, secret)
     manifest = isvc_manifest(
+        access={"apiKeysSecretRef": {"name": "llm-keys"}, "tenants": [{"name": "search"}]},
         overflow={"url": "https://api.example", "apiKeySecretRef": {"name": "overflow-key"}},
         # opt-in, so only a lifecycle that asks for them calls their verbs (the pools', the route's)
         router={"inferencePool": True, "gateway": {"name": "inference-gateway"}},
@@ -80,6 +89,13 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
             return any(k[0] == "Job" for k in await cluster.children())
 
         await eventually(canary_job, what="the canary's pre-pull Job")
+        assert await cluster.get("rbac.authorization.k8s.io/v1", "Role", "chat-router-keys") is not None
+        await cluster.update_spec("chat", {"access": None})  # the routers' Role is pruned
+
+        async def role_pruned() -> bool:
+            return await cluster.get("rbac.authorization.k8s.io/v1", "Role", "chat-router-keys") is None
+
+        await eventually(role_pruned, what="the routers' Role pruned")
         await cluster.delete_isvc("chat")
 
         async def gone() -> bool:
@@ -90,7 +106,8 @@ async def test_the_operator_calls_exactly_what_the_chart_grants(kmock: Recording
     granted = {(group, resource, verb) for (group, resource), verbs in ALLOWED.items() for verb in verbs}
     assert called - granted == set(), "the operator calls what the chart does not grant"
     assert granted - called - set(NOT_CALLED) == set(), "the chart grants what the operator never calls"
-    assert not ({c for c in called if c[1] == "secrets"}), "the operator never reads a Secret"
+    # Secrets by name only (spec.access's): never a list or a watch of a namespace's Secrets
+    assert {c for c in called if c[1] == "secrets"} == {("", "secrets", "get")}
 
 
 @pytest.mark.kmock(cls=RecordingApiServer)

@@ -206,3 +206,46 @@ async def test_folio_router_kubernetes_mode(
             output = proc.communicate(timeout=30)[0]
     assert proc.returncode == 0, output
     assert any(req.headers.get("Authorization") == "Bearer t0ken" for req in kmock)  # the kubeconfig token
+
+
+SECRETS_PATH = f"/api/v1/namespaces/{NS}/secrets"
+
+
+async def test_access_follows_its_secret_and_counts_the_routers(kmock: Any, cluster: Cluster) -> None:
+    """spec.access through the API: the Secret of keys watched (its rotation and deletion seen), and the
+    ready endpoints of the router's own Service counted, each router enforcing its share."""
+    import base64
+
+    def secret(**keys: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": NS},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()}}  # fmt: skip
+
+    await cluster.create(ISVC_PATH, isvc([{"revision": "aaa", "weight": 100}], "aaa",
+                                         access={"apiKeysSecretRef": {"name": "llm-keys"},
+                                                 "tenants": [{"name": "search", "requestsPerMinute": 60}]}))  # fmt: skip
+    await cluster.create(
+        SLICES_PATH, endpoint_slice("chat-r1", "chat", 8080, ("10.0.1.1", True), ("10.0.1.2", True))
+    )
+    await cluster.create(SECRETS_PATH, secret(search="sk-1\n"))
+    seen: list[RouterConfig] = []
+    keys: list[dict[str, list[str]] | None] = []
+    source = KubernetesSource("chat", NS, AsyncKube(str(kmock.url)), retry_max_s=0.1)
+    tasks = [
+        asyncio.create_task(source.run(seen.append)),
+        asyncio.create_task(source.follow("llm-keys", keys.append)),
+    ]
+    try:
+        await until(lambda: bool(seen) and seen[-1].access is not None and seen[-1].access.routers == 2,
+                    what="the access, shared by two routers")  # fmt: skip
+        assert seen[-1].access is not None and seen[-1].access.api_keys_secret == "llm-keys"
+        await until(lambda: keys and keys[-1] == {"search": ["sk-1"]}, what="the Secret's keys")
+        await cluster.patch(
+            f"{SECRETS_PATH}/llm-keys", {"data": {"search": base64.b64encode(b"sk-1\nsk-2").decode()}}
+        )
+        await until(lambda: keys[-1] == {"search": ["sk-1", "sk-2"]}, what="a key added")
+        await cluster.delete(f"{SECRETS_PATH}/llm-keys")
+        await until(lambda: keys[-1] is None, what="the Secret gone")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

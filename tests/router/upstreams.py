@@ -49,6 +49,7 @@ class FakeUpstream:
     metrics_status: int = 200
     seen: list[Seen] = field(default_factory=list)
     text: str = "hi"  # each choice's text (shadow comparison tells answers apart by it)
+    usage: dict[str, int] | None = None  # the `usage` of a whole answer
     cancelled: int = 0  # answers cut short because the client (the router) went away
     url: str = ""
     # Speaking the resume contract (`folio.engine.server.continuation`) when a request asks for it: each
@@ -90,8 +91,9 @@ class FakeUpstream:
             if self.resumable and request.headers.get(RESUMABLE_HEADER) == "1":
                 return await self._resumable(request, parsed)
             if not parsed.get("stream"):
+                usage = {"usage": self.usage} if self.usage is not None else {}
                 return web.json_response({"served_by": self.name, "model": parsed.get("model"),
-                                      "choices": [{"text": self.text}]})
+                                          "choices": [{"text": self.text}], **usage})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             if self.hold_body is not None:

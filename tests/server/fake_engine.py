@@ -86,12 +86,14 @@ class FakeEngine:
         enable_lora: bool = False,
         max_lora_rank: int = 16,
         script: str | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         """``script``: what every greedy answer says, then stops (as at an end-of-sequence token); without
         one, greedy answers repeat `SCRIPT` until their length."""
         self.tokenizer = FakeTokenizer()
         self.script = script
         self.model_config = SimpleNamespace(max_model_len=max_model_len, vocab_size=256 + OFFSET)
+        self.config = SimpleNamespace(scheduling_policy=scheduling_policy)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs

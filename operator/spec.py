@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -462,6 +462,22 @@ class NetworkPolicySpec(Model):
     )
 
 
+class _HasName(Protocol):
+    name: str
+
+
+Named = TypeVar("Named", bound=_HasName)
+
+
+def unique_names(items: list[Named], what: str) -> list[Named]:
+    """``items`` as given, or a ValueError naming each name given more than once."""
+    names = [item.name for item in items]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} names must be unique: {', '.join(twice)} given more than once")
+    return items
+
+
 # Tenants per InferenceService at most (bounded so the API server can cost the CRD's rules).
 MAX_TENANTS = 256
 # A tenant's name is a key of the API keys' Secret (Kubernetes' key characters) and a metric label.
@@ -507,11 +523,7 @@ class AccessSpec(Model):
     @field_validator("tenants")
     @classmethod
     def _unique_tenants(cls, tenants: list[TenantSpec]) -> list[TenantSpec]:
-        names = [t.name for t in tenants]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"tenant names must be unique: {', '.join(twice)} given more than once")
-        return tenants
+        return unique_names(tenants, "tenant")
 
     @model_validator(mode="after")
     def _someone(self) -> AccessSpec:
@@ -571,11 +583,7 @@ class InferenceServiceSpec(Model):
     @field_validator("adapters")
     @classmethod
     def _unique_adapters(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
-        names = [a.name for a in adapters]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"adapter names must be unique: {', '.join(twice)} given more than once")
-        return adapters
+        return unique_names(adapters, "adapter")
 
     @model_validator(mode="after")
     def _adapter_names(self) -> InferenceServiceSpec:

@@ -9,6 +9,7 @@ PrefixHash on, and >= 2,000 req/s).
 
     .venv/bin/python bench/router.py [--rate 200] [--seconds 5] [--concurrency 32]
         [--strategy PrefixHash|LeastLoaded] [--client aiohttp|httpx] [--new-connections] [--body-bytes N]
+        [--migration-only | --access-only]
 
 The last three change only the paced latency phase's client, to tell apart what an independent client
 measures: another HTTP client library (httpx, pure Python), a new TCP connection per request instead of
@@ -19,7 +20,9 @@ The last phase (alone with `--migration-only`) prices answer migration (issue 50
 two `folio router` processes, one with ``migration.maxAttempts`` 0 and one with the default, in front of
 one fake engine (its own process) that writes a ``folio-resume`` record before every event when asked (as
 the engine does), relaying streamed completions of `--stream-tokens` events, the two in turn; it prints the
-time per request, each router's own CPU per request, and the ratios.
+time per request, each router's own CPU per request, and the ratios. The phase after it (alone with
+`--access-only`) prices `spec.access` (issue 43: auth and quota at most 50 us a request) the same way: a router
+without it and one whose requests carry one key of 100 tenants', one with every quota, in turn.
 """
 
 from __future__ import annotations
@@ -257,63 +260,104 @@ def run_stream_upstream(port: int, tokens: int) -> None:
     serve_completions(complete, ["127.0.0.1"], port)
 
 
-async def migration_overhead(args: argparse.Namespace) -> None:
-    """Streamed completions through two `folio router` processes in front of one fake engine (each its own
-    process), migration off (``maxAttempts: 0``) and on (the default), in turn: time per request, and each
-    router's own CPU per request."""
+async def two_routers(args: argparse.Namespace, upstream: list[str], up_port: int, configs: dict[str, dict[str, Any]],
+                      body: bytes, check: Callable[[bytes], bool], router_args: tuple[str, ...] = (),
+                      headers: dict[str, str] | None = None) -> dict[str, tuple[list[float], list[float]]]:  # fmt: skip
+    """Requests of ``body`` through two `folio router` processes (``configs``' two, in front of one fake engine
+    started as ``upstream``, each its own process), in short blocks in turn so that noise falls on both alike:
+    each one's times per request and its own CPU per request of each block."""
     folio = str(Path(sys.executable).with_name("folio"))
-    up_port = free_port()
-    ports = {"off": free_port(), "on": free_port()}
+    ports = {name: free_port() for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [subprocess.Popen([sys.executable, __file__, "--stream-upstream", str(up_port),
-                                   "--stream-tokens", str(args.stream_tokens)])]  # fmt: skip
-        for name, attempts in (("off", 0), ("on", 3)):
+        procs = [subprocess.Popen(upstream)]
+        for name, extra in configs.items():
             config = Path(tmp) / f"{name}.json"
             config.write_text(json.dumps({"traffic": [{"revision": "r1", "weight": 100}], "stable": "r1",
-                                          "endpoints": {"r1": [f"http://127.0.0.1:{up_port}"]},
-                                          "migration": {"maxAttempts": attempts}}))  # fmt: skip
+                                          "endpoints": {"r1": [f"http://127.0.0.1:{up_port}"]}, **extra}))  # fmt: skip
             procs.append(subprocess.Popen([folio, "router", "--name", "bench", "--port", str(ports[name]),
-                                           "--config", str(config), "--log-level", "warning"]))  # fmt: skip
-        routers = {name: psutil.Process(proc.pid) for name, proc in zip(("off", "on"), procs[1:], strict=True)}
+                                           "--config", str(config), "--log-level", "warning", *router_args]))  # fmt: skip
+        routers = {name: psutil.Process(proc.pid) for name, proc in zip(configs, procs[1:], strict=True)}
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-        body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": args.stream_tokens, "stream": True}).encode()
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 for url in urls.values():
                     await wait_ready(session, url + "/ready", procs)
 
-                async def one_stream(url: str) -> float:
+                async def one(url: str) -> float:
                     started = time.perf_counter()
-                    async with session.post(url + "/v1/completions", data=body, headers=HEADERS) as resp:
+                    async with session.post(url + "/v1/completions", data=body, headers={**HEADERS, **(headers or {})}) as resp:
                         received = await resp.read()
-                    if not received.endswith(b"data: [DONE]\n\n") or b"folio-resume" in received:
-                        raise RuntimeError(f"{url} relayed a broken stream")
+                    if resp.status != 200 or not check(received):
+                        raise RuntimeError(f"{url} answered {resp.status}: {received[:200]!r}")
                     return time.perf_counter() - started
 
                 async def block(name: str, n: int) -> tuple[list[float], float]:
                     before = routers[name].cpu_times()
-                    times = [await one_stream(urls[name]) for _ in range(n)]
+                    times = [await one(urls[name]) for _ in range(n)]
                     after = routers[name].cpu_times()
                     return times, (after.user + after.system - before.user - before.system) / n
 
                 for name in urls:  # warm both up
                     await block(name, 50)
-                results: dict[str, tuple[list[float], list[float]]] = {"off": ([], []), "on": ([], [])}
-                for _ in range(args.migration_rounds):  # short blocks in turn: noise falls on both alike
-                    for name in ("off", "on"):
+                results: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in configs}
+                for _ in range(args.migration_rounds):
+                    for name in configs:
                         times, cpu = await block(name, 50)
                         results[name][0].extend(times)
                         results[name][1].append(cpu)
         finally:
             stop(procs, timeout=15)
-    print(f"migration off vs on: streamed completions of {args.stream_tokens} events, {len(results['off'][0])} "
-          "requests each (router, fake engine, client: three processes)")
+    return results
+
+
+def report_pair(title: str, results: dict[str, tuple[list[float], list[float]]]) -> None:
+    (off, (off_t, off_c)), (on, (on_t, on_c)) = results.items()
+    print(title)
     for name, (times, cpus) in results.items():
-        print(f"  migration {name:3s}  p50 {ms(pct(times, 0.5))}   p99 {ms(pct(times, 0.99))}   "
+        print(f"  {name:14s}  p50 {ms(pct(times, 0.5))}   p99 {ms(pct(times, 0.99))}   "
               f"router CPU per request {sum(cpus) / len(cpus) * 1e6:6.0f} us")
-    (off_t, off_c), (on_t, on_c) = results["off"], results["on"]
-    print(f"  ratio on/off: p50 {pct(on_t, 0.5) / pct(off_t, 0.5):.2f}x  p99 {pct(on_t, 0.99) / pct(off_t, 0.99):.2f}x"
-          f"  router CPU {sum(on_c) / sum(off_c):.2f}x")
+    print(f"  {on} - {off}: p50 {(pct(on_t, 0.5) - pct(off_t, 0.5)) * 1e6:+.0f} us, router CPU per request "
+          f"{(sum(on_c) - sum(off_c)) / len(on_c) * 1e6:+.0f} us; ratio p50 {pct(on_t, 0.5) / pct(off_t, 0.5):.2f}x "
+          f"p99 {pct(on_t, 0.99) / pct(off_t, 0.99):.2f}x router CPU {sum(on_c) / sum(off_c):.2f}x")
+
+
+async def migration_overhead(args: argparse.Namespace) -> None:
+    """Streamed completions through two routers, migration off (``maxAttempts: 0``) and on (the default)."""
+    up_port = free_port()
+    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": args.stream_tokens, "stream": True}).encode()
+    results = await two_routers(
+        args, [sys.executable, __file__, "--stream-upstream", str(up_port), "--stream-tokens", str(args.stream_tokens)],
+        up_port, {"migration off": {"migration": {"maxAttempts": 0}}, "migration on": {"migration": {"maxAttempts": 3}}},
+        body, lambda received: received.endswith(b"data: [DONE]\n\n") and b"folio-resume" not in received,
+    )  # fmt: skip
+    report_pair(f"migration off vs on: streamed completions of {args.stream_tokens} events, "
+                f"{len(results['migration off'][0])} requests each (router, fake engine, client: three processes)",
+                results)  # fmt: skip
+
+
+async def access_overhead(args: argparse.Namespace) -> None:
+    """Completions through two routers, without spec.access and with it (a key looked up among 100 tenants'
+    and a tenant with every quota): the price of identifying, metering and admitting a request (issue 43
+    target: <= 50 us p50)."""
+    up_port = free_port()
+    with tempfile.TemporaryDirectory() as secrets:
+        folder = Path(secrets) / "llm-keys"
+        folder.mkdir()
+        for i in range(100):
+            (folder / f"tenant-{i}").write_text(f"sk-{i}-{'x' * 40}\n")
+        limits = {"requestsPerMinute": 10**8, "tokensPerMinute": 10**10, "maxInFlight": 10**5}
+        access = {"apiKeysSecret": "llm-keys", "tenants": [{"name": "tenant-7", "priority": "Critical", **limits}]}
+        results = await two_routers(
+            args, [sys.executable, __file__, "--upstream", str(up_port)], up_port,
+            {"no access": {}, "access": {"access": access}}, COMPLETION, lambda received: b'"choices"' in received,
+            router_args=("--secrets-dir", secrets), headers={"Authorization": f"Bearer sk-7-{'x' * 40}"},
+        )  # fmt: skip
+    report_pair(f"spec.access off vs on: completions, {len(results['access'][0])} requests each "
+                "(router, fake engine, client: three processes)", results)
+    (_, off_c), (_, on_c) = results.values()
+    added = (sum(on_c) - sum(off_c)) / len(on_c) * 1e6
+    print(f"  auth + quota: {added:+.0f} us of router CPU per request (target <= 50 us): "
+          f"{'met' if added <= 50 else 'NOT met'}")
 
 
 def latency_client(args: argparse.Namespace) -> aiohttp.ClientSession | httpx.AsyncClient:
@@ -336,8 +380,10 @@ def main() -> int:
     parser.add_argument("--body-bytes", type=int, default=0, help="pad the latency phase's prompt to this size")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput and streaming phases")
     parser.add_argument("--migration-only", action="store_true", help="only the migration off-vs-on phase")
+    parser.add_argument("--access-only", action="store_true", help="only the spec.access off-vs-on phase")
     parser.add_argument("--stream-tokens", type=int, default=64, help="migration phase: events per stream")
-    parser.add_argument("--migration-rounds", type=int, default=20, help="migration phase: 50-request blocks each")
+    parser.add_argument("--migration-rounds", type=int, default=20,
+                        help="migration and access phases: 50-request blocks each")  # fmt: skip
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the fake engine
     parser.add_argument("--stream-upstream", type=int, help=argparse.SUPPRESS)  # internal: the streaming one
     args = parser.parse_args()
@@ -346,6 +392,9 @@ def main() -> int:
         return 0
     if args.migration_only:
         asyncio.run(migration_overhead(args))
+        return 0
+    if args.access_only:
+        asyncio.run(access_overhead(args))
         return 0
     if args.body_bytes:
         base = len(COMPLETION) - len("hello")
@@ -388,6 +437,7 @@ def main() -> int:
             stop(args.procs, timeout=15)
     if not args.latency_only:
         asyncio.run(migration_overhead(args))
+        asyncio.run(access_overhead(args))
     return code
 
 

@@ -80,6 +80,19 @@ class Cluster:
         self._call(lambda kube: kube.merge_patch(API_VERSION, KIND, self.namespace, name, patch),
                    f"InferenceService {name!r}")
 
+    def router_usage(self, name: str) -> list[dict[str, Any]]:
+        """Each running router's tenant usage (`folio.operator.router.usage`), through the API server's proxy to
+        its pod: every router sees its own share of the requests."""
+        from folio.operator.k8s.names import ROUTER_PORT, selector
+        from folio.operator.router.app import TENANTS_PATH
+
+        pods = self._call(lambda kube: kube.list("v1", "Pod", self.namespace, selector(name, "router")),
+                          f"the routers of {name!r}")  # fmt: skip
+        running = [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        where = f"/api/v1/namespaces/{self.namespace}/pods/{{}}:{ROUTER_PORT}/proxy{TENANTS_PATH}"
+        return [self._call(lambda kube, pod=pod: kube.call("GET", where.format(pod)), f"router pod {pod!r}")["tenants"]
+                for pod in running]  # fmt: skip
+
     def _call(self, fn: Any, what: str) -> Any:
         from folio.operator.k8s.client import ApiError, Kube
 

@@ -33,11 +33,14 @@ from folio.operator.router.secrets import SecretReader
 from folio.operator.router.sources import ConfigSource
 from folio.operator.router.state import RoutingState
 from folio.operator.router.tenants import ENGINE_PRIORITY, Meter
+from folio.operator.router.usage import TenantUsage
 from folio.operator.serving.router import RouterConfig
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+TENANTS_PATH = "/folio/v1/tenants"  # each tenant's usage (`usage.TenantUsage`)
 
 # path -> (method, may be mirrored to the canary, follows the weighted split)
 PROXIED: dict[str, tuple[str, bool, bool]] = {
@@ -78,6 +81,7 @@ class RouterApp:
         self.metrics = RouterMetrics(isvc)
         self.state = RoutingState(self.metrics, api_keys)
         self.secrets = secrets  # where spec.access's Secret of API keys is read from
+        self.usage = TenantUsage()  # each tenant's last minute and hour (`folio status NAME --tenants`)
         self._health_opts = {"path": health_path, "interval": health_interval, "timeout": health_timeout}
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
         self._session: aiohttp.ClientSession | None = None
@@ -91,6 +95,7 @@ class RouterApp:
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get(TENANTS_PATH, self._tenants)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.on_response_prepare.append(_rate_limit_headers)
         app.on_startup.append(lambda _: self.startup())
@@ -180,6 +185,10 @@ class RouterApp:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
+    async def _tenants(self, request: web.Request) -> web.Response:
+        """Each tenant's usage over the last minute and hour (no key in it: names and counts only)."""
+        return web.json_response({"tenants": self.usage.snapshot(time.monotonic())})
+
     async def _not_found(self, request: web.Request) -> web.Response:
         return error_response(404, f"no route for {request.path}", code=ErrorCode.NOT_FOUND)
 
@@ -196,7 +205,7 @@ class RouterApp:
                     headers = {"WWW-Authenticate": "Bearer"}
                 response = error_response(exc.status, str(exc), code=exc.code, param=exc.param, headers=headers)
                 if exc.tenant is not None:
-                    self.metrics.tenant_answered(exc.tenant, str(exc.status), 0, 0)
+                    self._answered(exc.tenant, str(exc.status), 0, 0)
                 return response
             meter = proxy_request.meter
             if meter is None:
@@ -221,7 +230,11 @@ class RouterApp:
             quota.settle(meter.reserved, meter.used, time.monotonic())
         # (a streamed answer shows no prompt count: its estimate stands in, once the answer is there)
         prompt = meter.prompt_tokens if meter.prompt_tokens is not None else meter.prompt_estimate if code == "200" else 0
-        self.metrics.tenant_answered(meter.tenant, code, prompt, meter.completion_tokens or 0)
+        self._answered(meter.tenant, code, prompt, meter.completion_tokens or 0)
+
+    def _answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.metrics.tenant_answered(tenant, code, prompt_tokens, completion_tokens)
+        self.usage.record(tenant, code, prompt_tokens, completion_tokens, time.monotonic())
 
     async def _admit(self, request: web.Request, method: str, mirror: bool, use_split: bool) -> ProxyRequest:
         """Check the request before it costs an upstream anything."""
@@ -270,7 +283,7 @@ class RouterApp:
         now = time.monotonic()
         refusal = quota.refusal(meter.reserved, now)
         if refusal is None:
-            quota.admit(meter.reserved, now)
+            quota.admit(meter.reserved)
         request[RATE_LIMIT_HEADERS] = quota.headers(now)  # on its answer, whichever it is
         if refusal is not None:
             raise RequestError(429, f"tenant {tenant!r}: {refusal.message}; retry after "

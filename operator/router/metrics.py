@@ -155,6 +155,7 @@ class RouterMetrics:
         self.tenant_tokens = Counter(
             m.TENANT_TOKENS, "Tokens per tenant, prompt and completion.", [m.ISVC, m.TENANT, m.KIND], registry=r
         )
+        self._tenant_children: dict[tuple[str, str], Any] = {}  # (tenant, code or kind) -> its series
         self._metrics = {id(metric): metric for metric in vars(self).values() if isinstance(metric, MetricWrapperBase)}
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
@@ -238,11 +239,18 @@ class RouterMetrics:
 
     def tenant_answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int) -> None:
         """A tenant's request ended (the tenants are the Secret's keys: a bounded set, kept for good)."""
-        self.tenant_requests.labels(self.isvc, tenant, code).inc()
+        children = self._tenant_children
+        key = (tenant, code)
+        requests = children.get(key)
+        if requests is None:
+            requests = children[key] = self.tenant_requests.labels(self.isvc, tenant, code)
+            for kind in ("prompt", "completion"):
+                children[(tenant, kind)] = self.tenant_tokens.labels(self.isvc, tenant, kind)
+        requests.inc()
         if prompt_tokens:
-            self.tenant_tokens.labels(self.isvc, tenant, "prompt").inc(prompt_tokens)
+            children[(tenant, "prompt")].inc(prompt_tokens)
         if completion_tokens:
-            self.tenant_tokens.labels(self.isvc, tenant, "completion").inc(completion_tokens)
+            children[(tenant, "completion")].inc(completion_tokens)
 
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()

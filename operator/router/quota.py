@@ -23,6 +23,7 @@ class Bucket:
     def __init__(self, capacity: float, now: float) -> None:
         assert capacity > 0
         self.capacity = capacity
+        self.capacity_text = str(int(capacity))
         self.rate = capacity / 60.0
         self._level = capacity
         self._at = now
@@ -38,8 +39,8 @@ class Bucket:
         larger than a minute's limit is refused only while others use the bucket (never for ever)."""
         return self.level(now) >= min(n, self.capacity)
 
-    def take(self, n: float, now: float) -> None:
-        assert self.can_take(n, now), (n, self._level)
+    def take(self, n: float) -> None:
+        """After `can_take` said yes, at the same ``now`` (`level` brought the bucket up to then)."""
         self._level -= n
 
     def give(self, n: float, now: float) -> None:
@@ -52,6 +53,10 @@ class Bucket:
 
     def until_full(self, now: float) -> float:
         return max(0.0, (self.capacity - self.level(now)) / self.rate)
+
+
+_REQUEST_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
+_TOKEN_HEADERS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
 @dataclass(frozen=True)
@@ -79,17 +84,15 @@ class TenantQuota:
     requests: Bucket | None = field(init=False, default=None)
     tokens: Bucket | None = field(init=False, default=None)
     in_flight: int = field(init=False, default=0)
+    max_in_flight: int | None = field(init=False, default=None)  # this router's share of maxInFlight
 
     def __post_init__(self) -> None:
         if self.limits.requests_per_minute is not None:
             self.requests = Bucket(max(1.0, self.limits.requests_per_minute * self.share), self.now)
         if self.limits.tokens_per_minute is not None:
             self.tokens = Bucket(max(1.0, self.limits.tokens_per_minute * self.share), self.now)
-
-    @property
-    def max_in_flight(self) -> int | None:
-        limit = self.limits.max_in_flight
-        return None if limit is None else max(1, math.floor(limit * self.share))
+        if self.limits.max_in_flight is not None:
+            self.max_in_flight = max(1, math.floor(self.limits.max_in_flight * self.share))
 
     def refusal(self, tokens: int, now: float) -> Refusal | None:
         """Why a request reserving ``tokens`` may not start now, or None: the check of `admit`."""
@@ -104,13 +107,13 @@ class TenantQuota:
                            f"({tokens} reserved for this request)", self.tokens.wait(tokens, now))  # fmt: skip
         return None
 
-    def admit(self, tokens: int, now: float) -> None:
-        """Takes one request and ``tokens`` (reserved) from the buckets, one place in flight."""
-        assert self.refusal(tokens, now) is None
+    def admit(self, tokens: int) -> None:
+        """After `refusal` said none, at the same time: takes one request and ``tokens`` (reserved) from the
+        buckets, and one place in flight. (Not checked again: every request of a tenant pays for this.)"""
         if self.requests is not None:
-            self.requests.take(1, now)
+            self.requests.take(1)
         if self.tokens is not None:
-            self.tokens.take(tokens, now)
+            self.tokens.take(tokens)
         self.in_flight += 1
 
     def settle(self, reserved: int, used: int, now: float) -> None:
@@ -121,15 +124,13 @@ class TenantQuota:
             self.tokens.give(reserved - used, now)
 
     def headers(self, now: float) -> list[tuple[str, str]]:
-        """OpenAI's rate-limit headers for the limits this tenant has."""
+        """OpenAI's rate-limit headers for the limits this tenant has (on every answer: kept cheap)."""
         out = []
-        for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
+        for names, bucket in ((_REQUEST_HEADERS, self.requests), (_TOKEN_HEADERS, self.tokens)):
             if bucket is not None:
-                out += [
-                    (f"x-ratelimit-limit-{kind}", str(int(bucket.capacity))),
-                    (f"x-ratelimit-remaining-{kind}", str(max(0, math.floor(bucket.level(now))))),
-                    (f"x-ratelimit-reset-{kind}", duration(bucket.until_full(now))),
-                ]
+                level = bucket.level(now)
+                out += [(names[0], bucket.capacity_text), (names[1], str(max(0, math.floor(level)))),
+                        (names[2], duration((bucket.capacity - level) / bucket.rate))]  # fmt: skip
         return out
 
     def reshare(self, limits: Limits, share: float, now: float) -> TenantQuota:

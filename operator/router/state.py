@@ -80,8 +80,10 @@ class RoutingState:
             self.tenants, problems = None, ()
         else:
             name = access.api_keys_secret
-            keys = self._secret[1] if self._secret is not None and self._secret[0] == name else None
-            tenant_keys, problems = check_keys(name, keys, [t.name for t in access.tenants])
+            read = self._secret is not None and self._secret[0] == name
+            keys = self._secret[1] if read and self._secret is not None else None
+            # (not read yet, at start: no key is accepted, and nothing is wrong yet)
+            tenant_keys, problems = check_keys(name if read else None, keys, [t.name for t in access.tenants])
             policies = [TenantPolicy(t.name, t.priority, Limits(t.requests_per_minute, t.tokens_per_minute,
                                                                 t.max_in_flight)) for t in access.tenants]  # fmt: skip
             self.tenants = Tenants(policies, tenant_keys, anonymous=access.anonymous, share=1.0 / access.routers,

@@ -3,6 +3,9 @@ in front of an engine scheduling by priority, the Secret's problems in status, a
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,17 @@ def test_tenants_keys_quotas_and_rotation_through_folio_up(tmp_path: Path, tiny_
         up.wait_for(
             lambda s: degraded(s)["status"] == "False", 30, "Degraded cleared once every tenant has a key"
         )
+
+        # `folio status NAME --tenants`: the last minute's and hour's usage, from the router
+        shown = subprocess.run([sys.executable, "-m", "folio.operator.cli", "status", "tiny", "--tenants", "-o", "json",
+                                "--state-dir", str(state)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        usage = json.loads(shown.stdout)
+        assert usage["batch"]["minute"]["requests"] == 3 and usage["batch"]["minute"]["rate_limited"] == 1
+        assert usage["search"]["hour"]["completion_tokens"] >= 4 and usage["eval"]["hour"]["requests"] == 1
+        table = subprocess.run([sys.executable, "-m", "folio.operator.cli", "status", "--tenants",
+                                "--state-dir", str(state)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert table.returncode == 0 and "batch" in table.stdout and "1 router" in table.stdout, table.stderr
     finally:
         if up.proc.poll() is None:
             up.stop()

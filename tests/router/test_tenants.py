@@ -26,7 +26,7 @@ TRAFFIC = {"traffic": [{"revision": "r1", "weight": 100}], "stable": "r1"}
 def test_a_bucket_bursts_a_minute_then_refills_at_its_rate() -> None:
     bucket = Bucket(60, now=0.0)  # one a second
     for _ in range(60):
-        bucket.take(1, 0.0)
+        bucket.take(1)
     assert not bucket.can_take(1, 0.0) and bucket.wait(1, 0.0) == pytest.approx(1.0)
     assert bucket.can_take(1, 1.0) and not bucket.can_take(2, 1.0)
     assert bucket.until_full(1.0) == pytest.approx(59.0)
@@ -36,11 +36,11 @@ def test_a_bucket_bursts_a_minute_then_refills_at_its_rate() -> None:
 def test_tokens_are_reserved_then_settled_from_the_usage() -> None:
     quota = TenantQuota(Limits(tokens_per_minute=600), now=0.0)
     assert quota.tokens is not None
-    quota.admit(500, 0.0)
+    quota.admit(500)
     assert quota.refusal(200, 0.0) is not None  # 100 left of the 600
     quota.settle(500, 50, 0.0)  # the answer used 50: 450 given back
     assert quota.tokens.level(0.0) == pytest.approx(550) and quota.in_flight == 0
-    quota.admit(100, 0.0)
+    quota.admit(100)
     quota.settle(100, 700, 0.0)  # more than reserved: the bucket goes into debt, waited out later
     assert quota.tokens.level(0.0) == pytest.approx(-150)
     refusal = quota.refusal(10, 0.0)
@@ -50,15 +50,15 @@ def test_tokens_are_reserved_then_settled_from_the_usage() -> None:
 def test_a_request_larger_than_a_minute_goes_from_a_full_bucket_only() -> None:
     quota = TenantQuota(Limits(tokens_per_minute=100), now=0.0)
     assert quota.refusal(1000, 0.0) is None  # never refused for ever
-    quota.admit(1000, 0.0)
+    quota.admit(1000)
     assert quota.refusal(1, 0.0) is not None
 
 
 def test_in_flight_and_the_routers_share() -> None:
     quota = TenantQuota(Limits(max_in_flight=5, requests_per_minute=10), now=0.0, share=0.5)
     assert quota.max_in_flight == 2 and quota.requests is not None and quota.requests.capacity == 5
-    quota.admit(0, 0.0)
-    quota.admit(0, 0.0)
+    quota.admit(0)
+    quota.admit(0)
     refusal = quota.refusal(0, 0.0)
     assert refusal is not None and "maxInFlight" in refusal.message
     quota.settle(0, 0, 0.0)
@@ -71,7 +71,7 @@ def test_in_flight_and_the_routers_share() -> None:
 
 def test_headers_in_openai_form() -> None:
     quota = TenantQuota(Limits(requests_per_minute=60, tokens_per_minute=1000), now=0.0)
-    quota.admit(400, 0.0)
+    quota.admit(400)
     assert dict(quota.headers(0.0)) == {
         "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59",
         "x-ratelimit-reset-requests": "1s", "x-ratelimit-limit-tokens": "1000",
@@ -256,3 +256,17 @@ async def test_a_tenants_bad_request_is_metered_as_its_own(router: RouterFactory
         resp = await r.client.post("/v1/completions", content=b"[1]", headers={"Authorization": "Bearer sk-search"})
         assert resp.status_code == 400 and r.metric(m.TENANT_REQUESTS, tenant="search", code="400") == 1
     assert not up.seen
+
+
+async def test_the_router_tells_each_tenants_usage(router: RouterFactory, tmp_path: Path) -> None:
+    write_secret(tmp_path, "llm-keys", {"batch": "sk-batch"})
+    up = FakeUpstream("r1", usage={"prompt_tokens": 5, "completion_tokens": 7})
+    async with serving(up), router(endpoints={"r1": [up.url]}, **TRAFFIC,
+                                   access=access(tenants=[{"name": "batch", "requestsPerMinute": 1}]),
+                                   app_options={"secrets": FolderSecrets(tmp_path, 0.05)}) as r:  # fmt: skip
+        await until(lambda: r.app.state.tenants is not None and r.app.state.tenants.keys.tenants)
+        assert (await post(r, "sk-batch")).status_code == 200 and (await post(r, "sk-batch")).status_code == 429
+        usage = (await r.client.get("/folio/v1/tenants")).json()["tenants"]
+        assert usage["batch"]["minute"] == usage["batch"]["hour"] == {
+            "requests": 2, "rate_limited": 1, "errors": 0, "prompt_tokens": 5, "completion_tokens": 7}
+        assert "sk-" not in str(usage)

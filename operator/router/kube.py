@@ -51,7 +51,7 @@ class KubernetesSource:
         self._spec_problems: list[str] = []
         self._slices: dict[str, Object] = {}
         # The overflow API key's Secret is mounted into the router's pod (the operator names it in the
-        # Deployment): neither the router nor the operator may read Secrets through the API.
+        # Deployment): the router reads no Secret through the API but spec.access's one (`follow`).
         self._overflow_key_file = overflow_key_file
         self._overflow_key: tuple[tuple[str, str] | None, str | None, float] = (None, None, 0.0)
         self._connected = asyncio.Event()  # `run` has opened the API session `follow` shares

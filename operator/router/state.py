@@ -80,10 +80,10 @@ class RoutingState:
             self.tenants, problems = None, ()
         else:
             name = access.api_keys_secret
-            read = self._secret is not None and self._secret[0] == name
-            keys = self._secret[1] if read and self._secret is not None else None
+            secret = self._secret if self._secret is not None and self._secret[0] == name else None
             # (not read yet, at start: no key is accepted, and nothing is wrong yet)
-            tenant_keys, problems = check_keys(name if read else None, keys, [t.name for t in access.tenants])
+            tenant_keys, problems = check_keys(name if secret else None, secret[1] if secret else None,
+                                               [t.name for t in access.tenants])  # fmt: skip
             policies = [TenantPolicy(t.name, t.priority, Limits(t.requests_per_minute, t.tokens_per_minute,
                                                                 t.max_in_flight)) for t in access.tenants]  # fmt: skip
             self.tenants = Tenants(policies, tenant_keys, anonymous=access.anonymous, share=1.0 / access.routers,

@@ -21,6 +21,9 @@ class ConfigValueError(ValueError):
         self.field, self.rule, self.value = field, rule, value
 
 
+DEFAULT_MAX_NUM_SEQS = 256  # sequences running at once (the router's slots per replica when tenants queue)
+
+
 @dataclass
 class EngineConfig:
     model: str
@@ -30,7 +33,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory_gib: float | None = None  # KV budget; default: a CPU share of RAM or the GPU utilization
     gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None  # per-step token budget; None: max(2048, max_num_seqs)
     enable_prefix_caching: bool = True
     digest: str | None = None

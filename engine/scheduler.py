@@ -13,7 +13,10 @@ Under the ``priority`` policy (vLLM's ``--scheduling-policy priority``) each seq
 ``priority``, lower first: the waiting queue is ordered by priority, then by turns as above; the running
 list by priority, then admission, so a step schedules higher priorities first and the sequence preempted
 for room is one of the lowest priority, the most recently admitted of them. A preempted sequence returns
-to the head of its priority's part of the queue. Under ``fcfs`` every priority is 0: the same rules.
+to the head of its priority's part of the queue. A waiting sequence that outranks the lowest running one
+and cannot start (``max_num_seqs`` reached, or too few free blocks for its first chunk) takes its place:
+that one is preempted (vLLM's priority preemption), so a critical request does not wait for a batch job's
+answer to end. Under ``fcfs`` every priority is 0: the same rules, and no such preemption.
 
 A sequence under a LoRA adapter also needs its adapter in a device slot (`LoRASlots`): one whose adapter
 finds none stays waiting, and the sequences behind it are admitted past it. A queued sequence claims its
@@ -99,6 +102,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
+        self._make_room_for_priority()
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -144,6 +148,18 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return scheduled
+
+    def _make_room_for_priority(self) -> None:
+        """Preempt the lowest running sequences while the queue's head outranks them and cannot start."""
+        while self.waiting and self.running and self.running[-1].priority > self.waiting[0].priority:
+            head = self.waiting[0]
+            if not self._can_hold_adapter(head):
+                return  # it waits for an adapter slot, which no preemption here frees
+            first_chunk = min(len(head), self.max_num_batched_tokens)
+            blocks = self.block_manager.blocks_needed(first_chunk)
+            if len(self.running) < self.max_num_seqs and blocks <= self.block_manager.num_free_blocks:
+                return
+            self._preempt(self.running.pop())
 
     def _run(self, seq: Sequence) -> None:
         """Into the running list after every sequence of its priority or a higher one (lower value): the

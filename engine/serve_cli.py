@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from folio.engine.config import SCHEDULING_POLICIES, STRUCTURED_OUTPUTS_BACKENDS
+from folio.engine.config import DEFAULT_MAX_NUM_SEQS, SCHEDULING_POLICIES, STRUCTURED_OUTPUTS_BACKENDS
 from folio.engine.digest import DIGEST_RE
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES
 from folio.engine.server.adapter_faults import FAULT_FILE
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9, help="GPU memory share (default: 0.9)"
     )
-    eng.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a batch at most")
+    eng.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, help="sequences in a batch at most")
     eng.add_argument("--max-num-batched-tokens", type=int, help="tokens per scheduler step at most")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     eng.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)

@@ -70,3 +70,8 @@ TENANT = "tenant"
 KIND = "kind"  # prompt | completion
 TENANT_REQUESTS = "folio_router_tenant_requests_total"
 TENANT_TOKENS = "folio_router_tenant_tokens_total"
+# How long a tenant's request waited in the router while the replicas were saturated (`admission`), and the
+# requests shed instead (503 with Retry-After; never a revision's error), by why: full (the queue had no room
+# for it), displaced (a higher priority took its place), timeout (it waited past the queue's bound).
+TENANT_QUEUE = "folio_router_tenant_queue_seconds"
+TENANT_SHED = "folio_router_tenant_shed_total"

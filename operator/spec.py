@@ -784,11 +784,15 @@ class InferenceService(Model):
 
 
 def engine_args(spec: InferenceServiceSpec) -> dict[str, EngineArgValue]:
-    """`spec.engine.args` as the engines run them: with adapters, `enableLora` unless the spec says otherwise
-    (the operator sets it itself). A service without adapters keeps its args, and so its revision."""
+    """`spec.engine.args` as the engines run them: with adapters, `enableLora`; with tenants of a priority
+    other than Standard, `schedulingPolicy: priority` (so a higher priority preempts a lower one); each unless
+    the spec says otherwise (the operator sets it itself). A service without either keeps its args, and so
+    its revision."""
     args = dict(spec.engine.args)
     if spec.adapters:
         args.setdefault("enableLora", True)
+    if spec.access is not None and any(t.priority != "Standard" for t in spec.access.tenants):
+        args.setdefault("schedulingPolicy", "priority")
     return args
 
 

@@ -131,8 +131,10 @@ class XGrammarCompiler(GrammarCompiler):
                     return c.compile_grammar(params.grammar)
         except RuntimeError as exc:  # xgrammar's parse and conversion errors: the request's fault
             reason = str(exc).split("] ", 1)[-1].split(".cc:", 1)[-1].lstrip("0123456789: ").strip()
-            raise RuleError(f"{params.param}: the {params.kind} constraint cannot be compiled: {reason}",
-                            param=params.param) from None  # fmt: skip
+        except UnicodeDecodeError:  # xgrammar's message quoted part of a character it could not read
+            reason = "it does not parse (near a character the parser cannot read)"
+        raise RuleError(f"{params.param}: the {params.kind} constraint cannot be compiled: {reason}",
+                        param=params.param)  # fmt: skip
 
 
 # a string's characters as xgrammar prints them: [^\"\\\r\n] (length-bounded strings), [^\0-\x1f\"\\\r\n]

@@ -22,6 +22,8 @@ from aiohttp import web
 from folio.engine.rules import DEFAULT_MAX_REQUEST_BODY_BYTES, PRIORITY_HEADER
 from folio.engine.server.continuation import RESUME_FIELD
 from folio.engine.server.openai_errors import ErrorCode, body_too_large_message
+from folio.operator.router.admission import RETRY_AFTER_S as SHED_RETRY_AFTER_S
+from folio.operator.router.admission import Admission, Shed
 from folio.operator.router.affinity import affinity_key
 from folio.operator.router.errors import error_response
 from folio.operator.router.health import HealthChecker
@@ -82,6 +84,7 @@ class RouterApp:
         self.state = RoutingState(self.metrics, api_keys)
         self.secrets = secrets  # where spec.access's Secret of API keys is read from
         self.usage = TenantUsage()  # each tenant's last minute and hour (`folio status NAME --tenants`)
+        self.admission = Admission(self.state, self.metrics)  # tenants' requests while the replicas are saturated
         self._health_opts = {"path": health_path, "interval": health_interval, "timeout": health_timeout}
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
         self._session: aiohttp.ClientSession | None = None
@@ -128,6 +131,7 @@ class RouterApp:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.admission.close()
         if self._proxy is not None:
             await self._proxy.close()
         if self._session is not None:
@@ -164,6 +168,7 @@ class RouterApp:
 
     def apply(self, config: RouterConfig) -> None:
         self.state.apply(config)
+        self.admission.pump()  # new replicas (or slots) may take waiting requests
         if self._proxy is not None:
             self._proxy.hold.pump()  # new replicas may take held requests
 
@@ -213,11 +218,19 @@ class RouterApp:
                 # upstream connection with it, so the engine stops generating for nobody.
                 return await self._proxy.forward(proxy_request, request)
             code = "499"  # (nginx's) the client left before its answer began
+            ticket = None
             try:
+                ticket = await self.admission.enter(meter.claim)
                 response = await self._proxy.forward(proxy_request, request)
                 code = str(response.status)
                 return response
+            except Shed as exc:
+                code, meter.prompt_tokens, meter.completion_tokens = "503", 0, 0  # it used nothing
+                return error_response(503, f"tenant {meter.tenant!r}: {exc}", code=ErrorCode.SERVER_OVERLOADED,
+                                      headers={"Retry-After": str(SHED_RETRY_AFTER_S)})  # fmt: skip
             finally:
+                if ticket is not None:
+                    self.admission.leave(ticket)
                 self._settle(meter, code)
 
         return handle
@@ -261,7 +274,8 @@ class RouterApp:
         if tenant is not None and method == "POST":
             assert tenants is not None
             meter = self._reserve(request, tenant, body, parsed)
-            priority = ENGINE_PRIORITY[tenants.policy(tenant).priority]
+            meter.priority = tenants.policy(tenant).priority
+            priority = ENGINE_PRIORITY[meter.priority]
             if priority:  # (a Standard request is the engines' default, 0: nothing to say)
                 headers.append((PRIORITY_HEADER, str(priority)))
         balancer = self.state.balancer

@@ -14,19 +14,23 @@ usable replica waits here instead:
   ``releasePerReplica`` per ready replica at a time: the next one leaves when one of those is
   answered, so a replica that just loaded its weights takes the backlog at its own rate rather than
   all at once (the thundering herd). Requests arriving meanwhile queue behind the held ones.
+
+With ``spec.access`` held requests go in the order of the admission queue (`fair`): priorities strictly,
+tenants fairly within one; and a full hold takes a new request in the place of the newest held one of a
+lower priority, which is refused instead (``displaced``), so a Critical request is never refused while a
+Sheddable one is held.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from folio.operator.router.fair import Claim, FairQueue
 from folio.operator.router.metrics import RouterMetrics
 from folio.operator.router.state import RoutingState
 
@@ -43,6 +47,7 @@ POLL_S = 0.2  # replicas turn usable through health checks too, not only through
 class _Held:
     future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     released: bool = False
+    displaced: bool = False  # refused, for a higher priority's place
 
 
 class HoldQueue:
@@ -53,7 +58,7 @@ class HoldQueue:
         self._ask = ask
         self._ask_every = ask_every
         self._poll = poll
-        self._waiting: deque[_Held] = deque()
+        self._waiting: FairQueue[_Held] = FairQueue()
         self._released = 0  # released from the hold and not answered yet
         self._asked_at = -float("inf")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -73,15 +78,18 @@ class HoldQueue:
             return False
         return bool(self._waiting) or self._usable() == 0
 
-    async def run(self, forward: Callable[[], Awaitable[R]], refuse: Callable[[str], Awaitable[R]]) -> R:
-        """Hold the request until it may go, then ``forward()`` it; ``refuse(why)`` past the queue or the timeout."""
+    async def run(self, forward: Callable[[], Awaitable[R]], refuse: Callable[[str], Awaitable[R]],
+                  claim: Claim | None = None) -> R:  # fmt: skip
+        """Hold the request until it may go, then ``forward()`` it; ``refuse(why)`` past the queue or the timeout.
+        ``claim``: its tenant's place in the order (none: a Standard request of nobody's)."""
         holding = self.state.config.holding
         assert holding is not None, "must_wait() said no"
-        if len(self._waiting) >= holding.max_held_requests:
+        claim = claim or Claim()
+        if len(self._waiting) >= holding.max_held_requests and not self._displace(claim):
             self._outcome("full")
             return await refuse(f"{len(self._waiting)} requests are already held (maxHeldRequests)")
         entry = _Held()
-        self._waiting.append(entry)
+        self._waiting.push(entry, claim)
         self._changed()
         self.pump()
         try:
@@ -91,6 +99,9 @@ class HoldQueue:
                 if not entry.released:
                     self._outcome("timeout")
                     return await refuse(f"no replica became ready within {holding.hold_timeout:g}s (holdTimeout)")
+            if entry.displaced:
+                self._outcome("full")
+                return await refuse("the hold is full and a higher priority took this request's place")
             self._outcome("served")
             return await forward()
         except asyncio.CancelledError:
@@ -98,18 +109,27 @@ class HoldQueue:
                 self._outcome("gone")
             raise
         finally:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(entry)
+            self._waiting.remove(entry)
             if entry.released:
                 self._released -= 1
             self.pump()
+
+    def _displace(self, claim: Claim) -> bool:
+        """Refuses the newest held request of a priority lower than ``claim``'s, for its place; False: none."""
+        victim = self._waiting.victim(claim.rank)
+        if victim is None:
+            return False
+        self._waiting.remove(victim)
+        victim.displaced = True
+        victim.future.set_result(None)
+        return True
 
     def pump(self) -> None:
         """Release what the ready replicas can take now (call it when replicas or answers change)."""
         holding = self.state.config.holding
         room = float("inf") if holding is None else holding.release_per_replica * self._usable()
         while self._waiting and self._released < room:
-            entry = self._waiting.popleft()
+            entry = self._waiting.pop()
             if entry.future.done():  # timed out or cancelled: its request is handled already
                 continue
             entry.released = True

@@ -155,6 +155,14 @@ class RouterMetrics:
         self.tenant_tokens = Counter(
             m.TENANT_TOKENS, "Tokens per tenant, prompt and completion.", [m.ISVC, m.TENANT, m.KIND], registry=r
         )
+        self.tenant_queue = Histogram(
+            m.TENANT_QUEUE, "How long tenants' requests waited in the router for the saturated replicas.",
+            [m.ISVC, m.TENANT], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tenant_shed = Counter(
+            m.TENANT_SHED, "Tenants' requests shed while the replicas were saturated (503), by why: full, displaced "
+            "(by a higher priority) or timeout.", [m.ISVC, m.TENANT, m.REASON], registry=r,
+        )  # fmt: skip
         self._tenant_children: dict[tuple[str, str], Any] = {}  # (tenant, code or kind) -> its series
         self._metrics = {id(metric): metric for metric in vars(self).values() if isinstance(metric, MetricWrapperBase)}
 
@@ -251,6 +259,16 @@ class RouterMetrics:
             children[(tenant, "prompt")].inc(prompt_tokens)
         if completion_tokens:
             children[(tenant, "completion")].inc(completion_tokens)
+
+    def queued(self, tenant: str, seconds: float) -> None:
+        key = (tenant, "queue")
+        child = self._tenant_children.get(key)
+        if child is None:
+            child = self._tenant_children[key] = self.tenant_queue.labels(self.isvc, tenant)
+        child.observe(seconds)
+
+    def shed(self, tenant: str, reason: str) -> None:
+        self.tenant_shed.labels(self.isvc, tenant, reason).inc()
 
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()

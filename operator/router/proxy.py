@@ -173,7 +173,8 @@ class Proxy:
 
     async def _held(self, req: ProxyRequest, downstream: web.Request) -> web.StreamResponse:
         return await self.hold.run(lambda: self._route(req, downstream),
-                                   lambda why: self._unheld(req, downstream, why))
+                                   lambda why: self._unheld(req, downstream, why),
+                                   req.meter.claim if req.meter is not None else None)
 
     async def _unheld(self, req: ProxyRequest, downstream: web.Request, why: str) -> web.StreamResponse:
         """A request the hold queue could not keep: overflow when configured, else 503 and when to retry."""

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.operator.router.fair import RANK, Claim
 from folio.operator.router.quota import Limits, TenantQuota
 from folio.operator.spec import AccessSpec
 
@@ -158,6 +159,12 @@ class Meter:
     reserved: int  # prompt estimate + completion budget
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    priority: str = "Standard"  # its tenant's
+
+    @property
+    def claim(self) -> Claim:
+        """Its place in the queues of saturated replicas and of scale from zero."""
+        return Claim(self.tenant, RANK[self.priority], self.reserved)
 
     @classmethod
     def reserve(cls, tenant: str, path: str, body: bytes, parsed: Mapping[str, Any]) -> Meter:

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from folio.engine.config import DEFAULT_MAX_NUM_SEQS
 from folio.operator.parity import holds_shadow
 from folio.operator.spec import (
     AccessSpec,
@@ -106,13 +107,16 @@ class Access(_Wire):
     anonymous: bool = False
     tenants: list[TenantSpec] = Field(default_factory=list)
     routers: int = Field(default=1, ge=1)
+    # what each replica's engine runs at once (--max-num-seqs): past that, requests wait in the router
+    slots: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
 
     @classmethod
-    def of(cls, spec: AccessSpec | None, routers: int = 1) -> Access | None:
+    def of(cls, spec: AccessSpec | None, routers: int = 1, slots: int = DEFAULT_MAX_NUM_SEQS) -> Access | None:
         if spec is None:
             return None
         secret = spec.api_keys_secret_ref.name if spec.api_keys_secret_ref is not None else None
-        return cls(api_keys_secret=secret, anonymous=spec.anonymous, tenants=spec.tenants, routers=routers)
+        return cls(api_keys_secret=secret, anonymous=spec.anonymous, tenants=spec.tenants, routers=routers,
+                   slots=slots)
 
 
 # Optional parts: one that is invalid is dropped (and reported) rather than refusing the whole config, so a
@@ -213,12 +217,13 @@ class RoutedSpec(_Wire):
     access: AccessSpec | None = None
     # spec.access is set but does not parse: the routers serve nobody (never everybody) until it is mended
     access_refused: bool = False
+    slots: int = DEFAULT_MAX_NUM_SEQS  # spec.engine.args.maxNumSeqs
 
     @classmethod
     def of(cls, spec: InferenceServiceSpec) -> RoutedSpec:
         return cls(router=spec.router, shadow=spec.shadow, overflow=spec.overflow, autoscaling=spec.autoscaling,
                    request_timeout=spec.rollout.analysis.request_timeout, parity_gate=spec.rollout.parity is not None,
-                   access=spec.access)
+                   access=spec.access, slots=_slots(spec.engine.args.get("maxNumSeqs")))
 
     @classmethod
     def from_wire(cls, spec: Mapping[str, Any]) -> tuple[RoutedSpec, list[str]]:
@@ -230,7 +235,9 @@ class RoutedSpec(_Wire):
             **{key: (spec.get(key), "spec") for key in ("router", "shadow", "overflow", "autoscaling", "access")},
             "requestTimeout": (analysis.get("requestTimeout"), "spec.rollout.analysis"),
         }
-        kept: dict[str, Any] = {"parityGate": rollout.get("parity") is not None}
+        engine = spec.get("engine") if isinstance(spec.get("engine"), dict) else {}
+        args = engine.get("args") if isinstance(engine.get("args"), dict) else {}
+        kept: dict[str, Any] = {"parityGate": rollout.get("parity") is not None, "slots": _slots(args.get("maxNumSeqs"))}
         problems = []
         for key, (value, where) in parts.items():
             if value is None:
@@ -242,6 +249,14 @@ class RoutedSpec(_Wire):
                 problems.append(describe_errors(exc, where))
                 kept["accessRefused"] = kept.get("accessRefused", False) or key == "access"
         return cls.model_validate(kept), problems
+
+
+def _slots(max_num_seqs: object) -> int:
+    """The engines' --max-num-seqs as the spec gives it; the engine's default where it gives none (or one the
+    operator refuses in status)."""
+    if isinstance(max_num_seqs, int) and not isinstance(max_num_seqs, bool) and max_num_seqs >= 1:
+        return max_num_seqs
+    return DEFAULT_MAX_NUM_SEQS
 
 
 def routable(status: InferenceServiceStatus) -> list[str]:
@@ -272,7 +287,7 @@ def router_config(
             "migration": spec.router.migration,
             "holding": Holding.of(spec.autoscaling) if spec.autoscaling is not None else None,
             "overflow": Overflow(url=spec.overflow.url, api_key=overflow_api_key) if spec.overflow else None,
-            "access": Access() if spec.access_refused else Access.of(spec.access, max(1, routers)),
+            "access": Access() if spec.access_refused else Access.of(spec.access, max(1, routers), spec.slots),
         }
     return RouterConfig(
         traffic=list(status.traffic),

@@ -333,10 +333,45 @@ def test_under_kv_pressure_the_lowest_priority_is_preempted_even_if_admitted_fir
     s.add(high := prioritised("high", 0, prompt=7))
     run_step(s)  # high joins: the cache is full
     assert [q.request_id for q in s.running] == ["high", "low"]  # higher priority first, whatever the admission
-    s.add(mid := prioritised("mid", 0, prompt=2))
     # low's 9th token needs a third block: low goes itself (under fcfs high, admitted last, would make room)
     batch, _ = run_step(s)
     assert shape(batch) == [("high", 1)] and low.status is SequenceStatus.WAITING
     assert high.status is SequenceStatus.RUNNING
-    assert list(s.waiting) == [mid, low]  # the preempted one at the head of its priority, behind the higher
+    s.add(mid := prioritised("mid", 0, prompt=2))
+    s.add(low2 := prioritised("low2", 1, prompt=2))
+    assert list(s.waiting) == [mid, low, low2]  # the preempted one at the head of its priority, behind the higher
     assert s.num_preemptions_total == 1
+
+
+def test_a_higher_priority_takes_the_place_of_the_lowest_running_when_max_num_seqs_is_reached() -> None:
+    s = scheduler(max_num_seqs=2)
+    s.add(low := prioritised("low", 1))
+    s.add(prioritised("std", 0))
+    run_step(s)
+    s.add(same := prioritised("same", 1))
+    batch, _ = run_step(s)  # full, and "same" outranks nobody: it waits
+    assert shape(batch) == [("std", 1), ("low", 1)] and same.status is SequenceStatus.WAITING
+    s.add(prioritised("high", -1))
+    batch, _ = run_step(s)  # full: the lowest running (low) makes room for high
+    assert shape(batch) == [("std", 1), ("high", 2)]
+    assert low.status is SequenceStatus.WAITING and list(s.waiting) == [low, same]  # low keeps its turn
+    assert s.num_preemptions_total == 1
+
+
+def test_a_higher_priority_that_finds_too_few_free_blocks_preempts_the_lowest_running() -> None:
+    s = scheduler(num_blocks=4, max_num_seqs=8)
+    s.add(low := prioritised("low", 1, prompt=12))  # 3 of the 4 blocks
+    run_step(s)
+    s.add(high := prioritised("high", 0, prompt=6))  # needs 2
+    batch, _ = run_step(s)
+    assert shape(batch) == [("high", 6)] and low.status is SequenceStatus.WAITING
+    assert high.status is SequenceStatus.RUNNING
+
+
+def test_under_fcfs_nothing_running_is_preempted_for_a_newcomer() -> None:
+    s = scheduler(max_num_seqs=1)
+    s.add(new_seq("first", 2))
+    run_step(s)
+    s.add(new_seq("second", 2))
+    batch, _ = run_step(s)
+    assert shape(batch) == [("first", 1)] and s.num_preemptions_total == 0

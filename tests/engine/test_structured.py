@@ -197,6 +197,7 @@ def test_logit_bias_bans_and_forces_tokens(llm: LLM) -> None:
         (lambda: StructuredOutputsParams(json={"type": "objectx"}), "cannot be compiled"),
         (lambda: StructuredOutputsParams(regex="(ab"), "cannot be compiled"),
         (lambda: StructuredOutputsParams(grammar='root ::= "a" ('), "cannot be compiled"),
+        (lambda: StructuredOutputsParams(grammar="\x80"), "cannot be compiled"),  # (xgrammar: UnicodeDecodeError)
         (lambda: StructuredOutputsParams(json="{not json"), "not valid JSON"),
         (lambda: StructuredOutputsParams(regex="a", choice=("a",)), "exactly one of"),
         (lambda: StructuredOutputsParams(), "exactly one of"),

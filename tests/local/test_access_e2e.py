@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from folio.engine.digest import compute_digest
@@ -44,13 +45,20 @@ def write_keys(root: Path, **keys: str) -> None:
         (folder / tenant).write_text(value)
 
 
+def cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return []
+
+
 def test_tenants_keys_quotas_and_rotation_through_folio_up(tmp_path: Path, tiny_llama: Path) -> None:
     state = tmp_path / ".folio"
     secrets = state / "secrets"  # the default --secrets-dir
     write_keys(secrets, search="sk-search\n", batch="sk-batch\n")
     manifest = write_manifest(
         tmp_path / "access.yaml", name="tiny", model=tiny_llama, digest=compute_digest(tiny_llama),
-        args={"device": "cpu", "maxNumSeqs": 8, "schedulingPolicy": "priority"}, access=ACCESS,
+        args={"device": "cpu", "maxNumSeqs": 8}, access=ACCESS,
     )  # fmt: skip
     up = UpProcess(manifest, port=free_port(), state_dir=state, log=tmp_path / "up.log")
 
@@ -65,6 +73,10 @@ def test_tenants_keys_quotas_and_rotation_through_folio_up(tmp_path: Path, tiny_
             lambda s: degraded(s)["reason"] == "InvalidAccess", 30, "the keyless tenant reported"
         )
         assert "tenant 'eval' has no API key" in degraded(snap)["message"]
+        # tenants of several priorities: the engines schedule by priority, and the router queues past their slots
+        engines = [argv for argv in map(cmdline, up.child_pids()) if "serve" in argv]
+        assert engines and all("--scheduling-policy" in argv and "priority" in argv for argv in engines)
+        assert json.loads((state / "router.json").read_text())["access"]["slots"] == 8
 
         assert complete(None).status_code == 401 and complete("sk-nobody").status_code == 401
         served = complete("sk-search")  # Critical: priority -1 on an engine scheduling by priority

@@ -10,6 +10,7 @@ from folio.operator.spec import (
     MigrationSpec,
     OutlierDetectionSpec,
     TrafficTarget,
+    engine_args,
 )
 from tests.serving.helpers import make_spec
 
@@ -117,3 +118,21 @@ def test_a_canary_waiting_for_its_parity_gate_gets_no_shadow_copy() -> None:
     assert router_config(spec, waiting, {}).shadow is None
     stepping = waiting.model_copy(update={"canary": CanaryStatus(step_started_at="2026-01-01T00:00:00Z")})
     assert router_config(spec, stepping, {}).shadow is not None
+
+
+def test_tenants_queue_past_the_engines_max_num_seqs_and_priorities_turn_on_the_priority_policy() -> None:
+    tenants = [{"name": "search", "priority": "Critical"}, {"name": "batch"}]
+    spec = make_spec(access={"anonymous": True, "tenants": tenants})
+    assert engine_args(spec)["schedulingPolicy"] == "priority"
+    assert "schedulingPolicy" not in engine_args(make_spec(access={"anonymous": True, "tenants": [{"name": "a"}]}))
+    assert router_config(RoutedSpec.of(spec), status(("s1", 100)), {}).access.slots == 256  # the engine's default
+    spec.engine.args["maxNumSeqs"] = 24
+    spec.engine.args["schedulingPolicy"] = "fcfs"  # the spec's own word stands
+    assert engine_args(spec)["schedulingPolicy"] == "fcfs"
+    cfg = router_config(RoutedSpec.of(spec), status(("s1", 100)), {})
+    assert cfg.access is not None and cfg.access.slots == 24
+    assert RouterConfig.parse(cfg.to_wire()).access == cfg.access  # `folio up`'s file
+    assert RoutedSpec.from_wire(spec.to_wire())[0].slots == 24  # the in-cluster watch
+    wire = spec.to_wire()
+    wire["engine"]["args"]["maxNumSeqs"] = "lots"  # refused in status by the operator; routing keeps the default
+    assert RoutedSpec.from_wire(wire)[0].slots == 256

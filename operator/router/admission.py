@@ -37,6 +37,7 @@ QUEUE_LIMIT = 1024  # requests waiting, all tenants together
 QUEUE_TIMEOUT_S = 60.0
 RETRY_AFTER_S = 1  # told to shed requests: the queue turns over within about an answer's time
 POLL_S = 0.2  # replicas turn usable (and scrapes change their room) without any request ending
+CAPACITY_TTL_S = 0.05
 SHEDDABLE = RANK["Sheddable"]
 
 
@@ -70,6 +71,8 @@ class Admission:
         self._queue: FairQueue[Ticket] = FairQueue()
         self._running = [0] * len(PRIORITIES)  # admitted and not ended, by priority
         self._poller: asyncio.Task[None] | None = None
+        self._capacity: int | None = None
+        self._capacity_at = -float("inf")
 
     @property
     def waiting(self) -> int:
@@ -99,11 +102,20 @@ class Admission:
         """Whether a request of priority ``rank`` may run now: those of its priority and higher leave room."""
         return capacity is None or sum(self._running[: rank + 1]) < capacity
 
+    def try_enter(self, claim: Claim) -> Ticket | None:
+        """The request's ticket if it may go at once (give it to `leave` once its answer ends); None: it
+        must `enter` and wait."""
+        if self._queue.waiting_ahead(claim.rank) or not self.has_room(claim.rank, self._recent_capacity()):
+            return None
+        ticket = Ticket(claim)
+        self._admit(ticket)
+        return ticket
+
     async def enter(self, claim: Claim) -> Ticket:
         """Wait for the request's turn; returns its ticket (give it to `leave` once its answer ends), or
         raises `Shed`."""
         ticket = Ticket(claim)
-        capacity = self.capacity()
+        capacity = self._recent_capacity()
         if not self._queue.waiting_ahead(claim.rank) and self.has_room(claim.rank, capacity):
             self._admit(ticket)
             return ticket
@@ -133,10 +145,12 @@ class Admission:
             ticket.admitted = False
             self._running[ticket.claim.rank] -= 1
             assert self._running[ticket.claim.rank] >= 0
-            self._pump()
+            if self._queue:
+                self._pump()
 
     def pump(self) -> None:
         """Admit what the replicas can take now (call it when replicas change)."""
+        self._capacity_at = -float("inf")
         self._pump()
 
     async def close(self) -> None:
@@ -145,6 +159,14 @@ class Admission:
             await asyncio.gather(self._poller, return_exceptions=True)
 
     # ------------------------------------------------------------------------------ inside
+
+    def _recent_capacity(self) -> int | None:
+        """`capacity`, computed at most every ``CAPACITY_TTL_S``: what changes it (health, ejections, the
+        scrapes of other routers' load) changes at that pace or slower, and each request need not add it up."""
+        now = time.monotonic()
+        if now - self._capacity_at >= CAPACITY_TTL_S:
+            self._capacity, self._capacity_at = self.capacity(), now
+        return self._capacity
 
     def _admit(self, ticket: Ticket) -> None:
         ticket.admitted = True
@@ -171,7 +193,7 @@ class Admission:
         return Shed(reason, f"{why}; retry after {RETRY_AFTER_S}s")
 
     def _pump(self) -> None:
-        capacity = self.capacity()
+        capacity = self._recent_capacity()
         while (head := self._queue.peek()) is not None and self.has_room(head[1].rank, capacity):
             ticket = self._queue.pop()
             self._admit(ticket)

@@ -220,7 +220,8 @@ class RouterApp:
             code = "499"  # (nginx's) the client left before its answer began
             ticket = None
             try:
-                ticket = await self.admission.enter(meter.claim)
+                claim = meter.claim
+                ticket = self.admission.try_enter(claim) or await self.admission.enter(claim)
                 response = await self._proxy.forward(proxy_request, request)
                 code = str(response.status)
                 return response

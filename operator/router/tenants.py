@@ -24,6 +24,8 @@ from folio.operator.router.fair import RANK, Claim
 from folio.operator.router.quota import Limits, TenantQuota
 from folio.operator.spec import AccessSpec
 
+_USAGE_KEY = b'"usage":'
+_DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"  # the tenant of requests without a key, where access.anonymous allows them
 # The engine's `priority` (lower first) of each tenant priority; Standard is the engines' default, 0.
 ENGINE_PRIORITY = {"Critical": -1, "Standard": 0, "Sheddable": 1}
@@ -179,9 +181,16 @@ class Meter:
         return cls(tenant, prompt, prompt + budget * choices)
 
     def read_usage(self, body: bytes | None) -> None:
-        """A whole JSON answer's ``usage``."""
+        """A whole JSON answer's ``usage``: read where its key is (``"usage":`` cannot occur unescaped inside a
+        JSON string, and OpenAI's answers put it last), not by parsing the whole answer again."""
+        body = body or b""
+        at = body.rfind(_USAGE_KEY)
         try:
-            usage = json.loads(body or b"").get("usage") or {}
+            if at >= 0:
+                usage, _ = _DECODER.raw_decode(body[at + len(_USAGE_KEY) :].decode().lstrip())
+            else:  # another layout (spaces after the key, say): the whole answer
+                usage = json.loads(body).get("usage")
+            usage = usage or {}
             prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         except (ValueError, AttributeError):
             return

@@ -270,3 +270,21 @@ async def test_the_router_tells_each_tenants_usage(router: RouterFactory, tmp_pa
         assert usage["batch"]["minute"] == usage["batch"]["hour"] == {
             "requests": 2, "rate_limited": 1, "errors": 0, "prompt_tokens": 5, "completion_tokens": 7}
         assert "sk-" not in str(usage)
+
+
+@pytest.mark.parametrize(
+    ("body", "used"),
+    [
+        (b'{"choices":[{"text":"say \\"usage\\": {\\"prompt_tokens\\": 99}"}],"usage":{"prompt_tokens":7,'
+         b'"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}', 10),  # quoted in the text
+        (b'{"usage":{"prompt_tokens":1,"completion_tokens":2},"id":"x"}', 3),  # not last
+        (b'{"choices": [], "usage" : {"prompt_tokens": 4, "completion_tokens": 4}}', 8),  # spaced
+        (b'{"choices":[],"usage":null}', 50),  # none: the reservation stands
+        (b'{"usage":{"prompt_tokens":1,', 50),  # cut short
+        (b'not json', 50),
+    ],
+)
+def test_the_usage_is_read_wherever_the_answer_puts_it(body: bytes, used: int) -> None:
+    meter = Meter("t", prompt_estimate=10, reserved=50)
+    meter.read_usage(body)
+    assert meter.used == used

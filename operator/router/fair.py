@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -24,16 +24,13 @@ RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
 STANDARD = RANK["Standard"]
 
 
-@dataclass(frozen=True)
-class Claim:
-    """Who a request is, for the queues: its tenant, its priority's rank and the tokens it reserves."""
+class Claim(NamedTuple):
+    """Who a request is, for the queues: its tenant, its priority's rank and the tokens it reserves (a tuple:
+    one is made for every request)."""
 
     tenant: str = ""
     rank: int = STANDARD
     cost: int = 1
-
-    def __post_init__(self) -> None:
-        assert 0 <= self.rank < len(PRIORITIES) and self.cost >= 0
 
 
 @dataclass(eq=False)
@@ -97,6 +94,7 @@ class FairQueue(Generic[T]):
 
     def push(self, item: T, claim: Claim) -> None:
         assert id(item) not in self._where, "queued twice"
+        assert 0 <= claim.rank < len(PRIORITIES) and claim.cost >= 0, claim
         waiting = _Waiting(item, claim, 0.0, next(self._arrivals))
         self._priorities[claim.rank].push(waiting)
         self._where[id(item)] = waiting

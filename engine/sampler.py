@@ -43,7 +43,7 @@ class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.generator = torch.Generator(device=device)  # for requests without their own seed
         self.generator.manual_seed(seed)
-        self.bitmasks = mask.BitmaskFiller()
+        self.bitmasks = mask.BitmaskFiller(overlap=mask.spare_core(device))
 
     def prepare(self, seqs: list[Sequence], vocab_size: int) -> None:
         """At a step's start: what the step's sampling can compute before the logits exist (grammar masks)."""

@@ -304,3 +304,19 @@ def test_offline_chat_hands_the_tools_to_the_chat_template(llm: LLM, monkeypatch
     assert "<tools>\n" + json.dumps(tool) in tok.decode(out.prompt_token_ids)
     [plain] = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=2))
     assert "<tools>" not in tok.decode(plain.prompt_token_ids)
+
+
+def test_the_bitmask_is_filled_beside_the_forward_only_where_a_core_is_free_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    import torch
+
+    from folio.engine.structured.mask import spare_core
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not spare_core(torch.device("cpu")) and spare_core(torch.device("cuda"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert spare_core(torch.device("cpu"))

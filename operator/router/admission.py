@@ -114,12 +114,11 @@ class Admission:
     async def enter(self, claim: Claim) -> Ticket:
         """Wait for the request's turn; returns its ticket (give it to `leave` once its answer ends), or
         raises `Shed`."""
+        at_once = self.try_enter(claim)
+        if at_once is not None:
+            return at_once
         ticket = Ticket(claim)
-        capacity = self._recent_capacity()
-        if not self._queue.waiting_ahead(claim.rank) and self.has_room(claim.rank, capacity):
-            self._admit(ticket)
-            return ticket
-        self._make_room(ticket, capacity)
+        self._make_room(ticket, self._recent_capacity())
         ticket.future = asyncio.get_running_loop().create_future()
         self._queue.push(ticket, claim)
         self._watch()

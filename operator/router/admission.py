@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from folio.operator.router.fair import PRIORITIES, RANK, Claim, FairQueue
 from folio.operator.router.metrics import RouterMetrics
@@ -49,12 +49,12 @@ class Shed(Exception):
         self.reason = reason
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     """An admitted (or waiting) request's place."""
 
     claim: Claim
-    since: float = field(default_factory=time.monotonic)
+    since: float = 0.0  # when it began to wait (`time.monotonic`)
     future: asyncio.Future[None] | None = None
     admitted: bool = False
     shed: Shed | None = None
@@ -105,10 +105,12 @@ class Admission:
     def try_enter(self, claim: Claim) -> Ticket | None:
         """The request's ticket if it may go at once (give it to `leave` once its answer ends); None: it
         must `enter` and wait."""
-        if self._queue.waiting_ahead(claim.rank) or not self.has_room(claim.rank, self._recent_capacity()):
+        if (self._queue and self._queue.waiting_ahead(claim.rank)) or not self.has_room(
+            claim.rank, self._recent_capacity()
+        ):
             return None
         ticket = Ticket(claim)
-        self._admit(ticket)
+        self._admit(ticket, 0.0)
         return ticket
 
     async def enter(self, claim: Claim) -> Ticket:
@@ -117,7 +119,7 @@ class Admission:
         at_once = self.try_enter(claim)
         if at_once is not None:
             return at_once
-        ticket = Ticket(claim)
+        ticket = Ticket(claim, since=time.monotonic())
         self._make_room(ticket, self._recent_capacity())
         ticket.future = asyncio.get_running_loop().create_future()
         self._queue.push(ticket, claim)
@@ -167,10 +169,10 @@ class Admission:
             self._capacity, self._capacity_at = self.capacity(), now
         return self._capacity
 
-    def _admit(self, ticket: Ticket) -> None:
+    def _admit(self, ticket: Ticket, waited: float) -> None:
         ticket.admitted = True
         self._running[ticket.claim.rank] += 1
-        self.metrics.queued(ticket.claim.tenant, time.monotonic() - ticket.since)
+        self.metrics.tenants.queued(ticket.claim.tenant, waited)
 
     def _make_room(self, ticket: Ticket, capacity: int | None) -> None:
         """Sheds what must go for ``ticket`` to wait: a Sheddable one past its depth, a lower one when full."""
@@ -188,14 +190,14 @@ class Admission:
         victim.future.set_result(None)
 
     def _shed(self, ticket: Ticket, reason: str, why: str) -> Shed:
-        self.metrics.shed(ticket.claim.tenant, reason)
+        self.metrics.tenants.shed(ticket.claim.tenant, reason)
         return Shed(reason, f"{why}; retry after {RETRY_AFTER_S}s")
 
     def _pump(self) -> None:
         capacity = self._recent_capacity()
         while (head := self._queue.peek()) is not None and self.has_room(head[1].rank, capacity):
             ticket = self._queue.pop()
-            self._admit(ticket)
+            self._admit(ticket, time.monotonic() - ticket.since)
             assert ticket.future is not None
             ticket.future.set_result(None)
 

@@ -34,8 +34,7 @@ from folio.operator.router.proxy import DROP_REQUEST_HEADERS, Proxy, ProxyReques
 from folio.operator.router.secrets import SecretReader
 from folio.operator.router.sources import ConfigSource
 from folio.operator.router.state import RoutingState
-from folio.operator.router.tenants import ENGINE_PRIORITY, Meter
-from folio.operator.router.usage import TenantUsage
+from folio.operator.router.tenants import ENGINE_PRIORITY_HEADER, Meter
 from folio.operator.serving.router import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class RouterApp:
         self.metrics = RouterMetrics(isvc)
         self.state = RoutingState(self.metrics, api_keys)
         self.secrets = secrets  # where spec.access's Secret of API keys is read from
-        self.usage = TenantUsage()  # each tenant's last minute and hour (`folio status NAME --tenants`)
+        self.usage = self.metrics.tenants  # each tenant's counts (and last minute and hour: `folio status --tenants`)
         self.admission = Admission(self.state, self.metrics)  # tenants' requests while the replicas are saturated
         self._health_opts = {"path": health_path, "interval": health_interval, "timeout": health_timeout}
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
@@ -232,23 +231,28 @@ class RouterApp:
             finally:
                 if ticket is not None:
                     self.admission.leave(ticket)
-                self._settle(meter, code)
+                # after its answer is on its way (the loop's next turn, before any other request of the
+                # tenant can be read): the answer's usage is read and the tenant's quota and counts settled
+                asyncio.get_running_loop().call_soon(self._settle, meter, code)
 
         return handle
 
     def _settle(self, meter: Meter, code: str) -> None:
         """A tenant's request ended: its place in flight is free, its tokens settled and counted."""
+        if meter.answer is not None:
+            meter.read_usage(meter.answer)
         tenants = self.state.tenants
         quota = tenants.quotas.get(meter.tenant) if tenants is not None else None
+        now = time.monotonic()
         if quota is not None and quota.in_flight > 0:  # (none: its tenant left the Secret meanwhile)
-            quota.settle(meter.reserved, meter.used, time.monotonic())
+            quota.settle(meter.reserved, meter.used, now)
         # (a streamed answer shows no prompt count: its estimate stands in, once the answer is there)
         prompt = meter.prompt_tokens if meter.prompt_tokens is not None else meter.prompt_estimate if code == "200" else 0
-        self._answered(meter.tenant, code, prompt, meter.completion_tokens or 0)
+        self._answered(meter.tenant, code, prompt, meter.completion_tokens or 0, now)
 
-    def _answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self.metrics.tenant_answered(tenant, code, prompt_tokens, completion_tokens)
-        self.usage.record(tenant, code, prompt_tokens, completion_tokens, time.monotonic())
+    def _answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int,
+                  now: float | None = None) -> None:  # fmt: skip
+        self.usage.record(tenant, code, prompt_tokens, completion_tokens, time.monotonic() if now is None else now)
 
     async def _admit(self, request: web.Request, method: str, mirror: bool, use_split: bool) -> ProxyRequest:
         """Check the request before it costs an upstream anything."""
@@ -276,9 +280,9 @@ class RouterApp:
             assert tenants is not None
             meter = self._reserve(request, tenant, body, parsed)
             meter.priority = tenants.policy(tenant).priority
-            priority = ENGINE_PRIORITY[meter.priority]
-            if priority:  # (a Standard request is the engines' default, 0: nothing to say)
-                headers.append((PRIORITY_HEADER, str(priority)))
+            engine_priority = ENGINE_PRIORITY_HEADER.get(meter.priority)
+            if engine_priority is not None:  # (a Standard request is the engines' default: nothing to say)
+                headers.append((PRIORITY_HEADER, engine_priority))
         balancer = self.state.balancer
         key = affinity_key(parsed, headers, balancer.settings.prefix_char_length) if balancer.by_prefix else None
         admitted = ProxyRequest(method, request.path_qs, headers, body, mirror=mirror, use_split=use_split,
@@ -326,8 +330,9 @@ RATE_LIMIT_HEADERS = web.RequestKey("folio_rate_limit_headers", list)
 
 async def _rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer to a tenant with limits carries OpenAI's x-ratelimit-* headers."""
-    for name, value in request.get(RATE_LIMIT_HEADERS, ()):
-        response.headers[name] = value
+    headers = request.get(RATE_LIMIT_HEADERS)
+    if headers:
+        response.headers.update(headers)
 
 
 def _check_json_object(body: bytes) -> dict[str, object]:

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.utils import floatToGoString
 
 from folio.operator import metric_names as m
+from folio.operator.router.usage import TenantUsage
 from folio.operator.serving.router import OVERFLOW
 
 # Fine enough to read a p99 anywhere from 5 ms (the added-latency budget) to 60 s (long generations).
@@ -148,22 +152,10 @@ class RouterMetrics:
         self._revisions: set[str] | None = None
         self._replicas: set[tuple[str, str]] | None = None
         self._leaving: dict[str, float] = {}  # revisions out of the config -> since when (`clock`)
-        self.tenant_requests = Counter(
-            m.TENANT_REQUESTS, "Requests per tenant, by the HTTP status of their answer.", [m.ISVC, m.TENANT, m.CODE],
-            registry=r,
-        )
-        self.tenant_tokens = Counter(
-            m.TENANT_TOKENS, "Tokens per tenant, prompt and completion.", [m.ISVC, m.TENANT, m.KIND], registry=r
-        )
-        self.tenant_queue = Histogram(
-            m.TENANT_QUEUE, "How long tenants' requests waited in the router for the saturated replicas.",
-            [m.ISVC, m.TENANT], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.tenant_shed = Counter(
-            m.TENANT_SHED, "Tenants' requests shed while the replicas were saturated (503), by why: full, displaced "
-            "(by a higher priority) or timeout.", [m.ISVC, m.TENANT, m.REASON], registry=r,
-        )  # fmt: skip
-        self._tenant_children: dict[tuple[str, str], Any] = {}  # (tenant, code or kind) -> its series
+        # Tenants' series are rendered at scrape time from plain counts (`usage`): every tenant's request
+        # updates them, and a prometheus_client update (a lock, a label lookup) costs more than it adds.
+        self.tenants = TenantUsage(LATENCY_BUCKETS)
+        r.register(_TenantCollector(isvc, self.tenants))
         self._metrics = {id(metric): metric for metric in vars(self).values() if isinstance(metric, MetricWrapperBase)}
 
     def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
@@ -245,31 +237,6 @@ class RouterMetrics:
     def affinity(self, revision: str, result: str) -> None:
         self._child(self.prefix_affinity, revision, result).inc()
 
-    def tenant_answered(self, tenant: str, code: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """A tenant's request ended (the tenants are the Secret's keys: a bounded set, kept for good)."""
-        children = self._tenant_children
-        key = (tenant, code)
-        requests = children.get(key)
-        if requests is None:
-            requests = children[key] = self.tenant_requests.labels(self.isvc, tenant, code)
-            for kind in ("prompt", "completion"):
-                children[(tenant, kind)] = self.tenant_tokens.labels(self.isvc, tenant, kind)
-        requests.inc()
-        if prompt_tokens:
-            children[(tenant, "prompt")].inc(prompt_tokens)
-        if completion_tokens:
-            children[(tenant, "completion")].inc(completion_tokens)
-
-    def queued(self, tenant: str, seconds: float) -> None:
-        key = (tenant, "queue")
-        child = self._tenant_children.get(key)
-        if child is None:
-            child = self._tenant_children[key] = self.tenant_queue.labels(self.isvc, tenant)
-        child.observe(seconds)
-
-    def shed(self, tenant: str, reason: str) -> None:
-        self.tenant_shed.labels(self.isvc, tenant, reason).inc()
-
     def overflowed(self, code: str) -> None:
         self.overflow.labels(self.isvc, code).inc()
 
@@ -294,3 +261,44 @@ class RouterMetrics:
         if self._leaving and self._expire(self.clock()):
             self._sweep()
         return generate_latest(self.registry)
+
+
+class _TenantCollector:
+    """The `folio_router_tenant_*` families, from the tenants' `usage.Ledger`s."""
+
+    def __init__(self, isvc: str, usage: TenantUsage) -> None:
+        self.isvc, self.usage = isvc, usage
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> list[Metric]:
+        families = self._families()
+        requests, tokens, queue, shed = families
+        bounds = [*(floatToGoString(b) for b in self.usage.buckets), "+Inf"]
+        for tenant, ledger in self.usage.ledgers.items():
+            for code, n in ledger.codes.items():
+                requests.add_metric([self.isvc, tenant, code], n)
+            if ledger.codes:
+                tokens.add_metric([self.isvc, tenant, "prompt"], ledger.prompt_tokens)
+                tokens.add_metric([self.isvc, tenant, "completion"], ledger.completion_tokens)
+            if any(ledger.queue_counts):
+                queue.add_metric([self.isvc, tenant], list(zip(bounds, accumulate(ledger.queue_counts), strict=True)),
+                                 ledger.queue_sum)  # fmt: skip
+            for reason, n in ledger.shed.items():
+                shed.add_metric([self.isvc, tenant, reason], n)
+        return families
+
+    @staticmethod
+    def _families() -> list[Metric]:
+        return [
+            CounterMetricFamily(m.TENANT_REQUESTS, "Requests per tenant, by the HTTP status of their answer.",
+                                labels=[m.ISVC, m.TENANT, m.CODE]),
+            CounterMetricFamily(m.TENANT_TOKENS, "Tokens per tenant, prompt and completion.",
+                                labels=[m.ISVC, m.TENANT, m.KIND]),
+            HistogramMetricFamily(m.TENANT_QUEUE, "How long tenants' requests waited in the router for the "
+                                  "saturated replicas.", labels=[m.ISVC, m.TENANT]),
+            CounterMetricFamily(m.TENANT_SHED, "Tenants' requests shed while the replicas were saturated (503), by "
+                                "why: full, displaced (by a higher priority) or timeout.",
+                                labels=[m.ISVC, m.TENANT, m.REASON]),
+        ]  # fmt: skip

@@ -165,7 +165,7 @@ class Answer:
             if streamed and self.resumable:  # (a stream of an engine without records: its reservation stands)
                 self.meter.count(sum(len(c.token_ids) for c in progress.choices.values()))
             elif not streamed:
-                self.meter.read_usage(progress.final)
+                self.meter.answer = progress.final
         if streamed:
             assert self.out is not None
             await write(self.out, None, resp)

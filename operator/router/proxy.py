@@ -414,7 +414,7 @@ class Proxy:
             headers.popall("Content-Length", None)  # set again from the body
             body = head.first
             if meter is not None and resp.status == 200:
-                meter.read_usage(body)
+                meter.answer = body
             if rewrite is not None and body is not None and resp.status == 200:
                 body = rewrite(body)
             return web.Response(status=resp.status, reason=resp.reason, body=body, headers=headers), None

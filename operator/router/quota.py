@@ -126,11 +126,12 @@ class TenantQuota:
     def headers(self, now: float) -> list[tuple[str, str]]:
         """OpenAI's rate-limit headers for the limits this tenant has (on every answer: kept cheap)."""
         out = []
-        for names, bucket in ((_REQUEST_HEADERS, self.requests), (_TOKEN_HEADERS, self.tokens)):
+        for (limit, remaining, reset), bucket in ((_REQUEST_HEADERS, self.requests), (_TOKEN_HEADERS, self.tokens)):
             if bucket is not None:
                 level = bucket.level(now)
-                out += [(names[0], bucket.capacity_text), (names[1], str(max(0, math.floor(level)))),
-                        (names[2], duration((bucket.capacity - level) / bucket.rate))]  # fmt: skip
+                out.append((limit, bucket.capacity_text))
+                out.append((remaining, str(int(level)) if level > 0 else "0"))
+                out.append((reset, duration((bucket.capacity - level) / bucket.rate)))
         return out
 
     def reshare(self, limits: Limits, share: float, now: float) -> TenantQuota:

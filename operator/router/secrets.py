@@ -64,7 +64,9 @@ class FolderSecrets:
         last: object = object()
         seen: object = object()
         while True:
-            stamp = await asyncio.to_thread(self.stamp, name)
+            # On the loop, not in a thread: a stat takes a microsecond or two, while a thread would take and
+            # give back the GIL around each one, against the requests' handling, every second.
+            stamp = self.stamp(name)
             if stamp != seen:  # (a missing folder too: its stamp is None)
                 seen = stamp
                 keys = await asyncio.to_thread(self.read, name)

@@ -1,7 +1,8 @@
 """Tenants (``spec.access``): who a request is, from its API key, and what it may still use.
 
 Keys come from a Secret whose every key is a tenant's name and whose value holds that tenant's API keys,
-one per line (`parse_secret`). They are held as SHA-256 digests only. A request presents its key as
+one per line (`parse_secret`). They are held as BLAKE2s digests only (256 bits; hashlib's own BLAKE2, cheaper
+per request than OpenSSL's SHA-256). A request presents its key as
 ``Authorization: Bearer KEY`` or, as Azure-style clients do, ``api-key: KEY``; its digest is looked up
 and the one found compared with `hmac.compare_digest`. What any comparison's time depends on is a digest,
 which a caller cannot steer a byte at a time: never how much of a key was right.
@@ -29,6 +30,8 @@ _DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"  # the tenant of requests without a key, where access.anonymous allows them
 # The engine's `priority` (lower first) of each tenant priority; Standard is the engines' default, 0.
 ENGINE_PRIORITY = {"Critical": -1, "Standard": 0, "Sheddable": 1}
+# What the router tells the engines (`X-Folio-Priority`) for a tenant's request; nothing for Standard ones.
+ENGINE_PRIORITY_HEADER = {name: str(value) for name, value in ENGINE_PRIORITY.items() if value}
 
 
 @dataclass(frozen=True)
@@ -51,16 +54,16 @@ def parse_secret(data: Mapping[str, str]) -> dict[str, list[str]]:
 def presented_key(authorization: str | None, api_key: str | None) -> bytes | None:
     """The key a request presents: ``Authorization: Bearer KEY``, else ``api-key: KEY``."""
     if authorization:
-        scheme, _, token = authorization.encode("utf-8", "surrogateescape").partition(b" ")
-        if scheme.lower() == b"bearer" and token.strip():
-            return token.strip()
-    if api_key and api_key.strip():
-        return api_key.strip().encode("utf-8", "surrogateescape")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and (token := token.strip()):
+            return token.encode("utf-8", "surrogateescape")
+    if api_key and (api_key := api_key.strip()):
+        return api_key.encode("utf-8", "surrogateescape")
     return None
 
 
 def _digest(key: bytes) -> bytes:
-    return hashlib.sha256(key).digest()
+    return hashlib.blake2s(key).digest()
 
 
 class TenantKeys:
@@ -122,14 +125,16 @@ class Tenants:
 
     def __init__(self, policies: Iterable[TenantPolicy], keys: TenantKeys, *, anonymous: bool, share: float,
                  now: float, previous: Tenants | None = None) -> None:  # fmt: skip
-        self.policies = {p.name: p for p in policies}
+        given = {p.name: p for p in policies}
+        names = {*given, *keys.tenants, *([ANONYMOUS] if anonymous else [])}
+        self.policies = {name: given.get(name) or TenantPolicy(name) for name in names}
         self.keys = keys
         self.anonymous = anonymous
         self.share = share
         # Usage carries over a change of keys, limits or share: a rotation never resets anyone's quota.
         self.quotas: dict[str, TenantQuota] = {}
-        for name in {*self.policies, *keys.tenants, *([ANONYMOUS] if anonymous else [])}:
-            limits = self.policy(name).limits
+        for name in names:
+            limits = self.policies[name].limits
             old = previous.quotas.get(name) if previous is not None else None
             self.quotas[name] = (
                 TenantQuota(limits, now, share) if old is None else old.reshare(limits, share, now)
@@ -152,7 +157,7 @@ DEFAULT_RESERVED = {"/v1/completions": 16, "/v1/chat/completions": 256}
 BYTES_PER_TOKEN = 4  # the prompt's estimate before the engine counts it: about four bytes of JSON a token
 
 
-@dataclass
+@dataclass(slots=True)
 class Meter:
     """One admitted request's reservation, and the usage its answer shows (`folio.operator.router.proxy`)."""
 
@@ -162,6 +167,7 @@ class Meter:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     priority: str = "Standard"  # its tenant's
+    answer: bytes | None = None  # a whole JSON answer, its usage read at settling, once it is on its way
 
     @property
     def claim(self) -> Claim:

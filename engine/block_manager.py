@@ -11,8 +11,8 @@ overwritten when memory runs out.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from folio.engine.sequence import Sequence
@@ -124,6 +124,31 @@ class BlockManager:
         for _ in range(new):
             seq.block_table.append(self._take_free_block())
         return True
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Frees ``seq``'s blocks past those holding its first ``num_tokens`` tokens (the slots of refused
+        proposals): blocks of this step, never registered, so they go back empty."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.ref_count == 1 and block.key is None, "a trimmed block is the sequence's own and unregistered"
+            block.ref_count = 0
+            self._free_empty.append(block.block_id)
+
+    def check(self, seqs: Iterable[Sequence]) -> None:
+        """Asserts the pool's invariants, given every sequence holding blocks (tests call it after steps):
+        each block is free or referenced, never both, by as many tables as its count says; free lists hold
+        no block twice; a registered block is found under its key unless a twin of its key is."""
+        refs = Counter(b for seq in seqs for b in seq.block_table)
+        listed = [*self._free_empty, *self._free_cached]
+        free = set(listed)
+        assert len(listed) == len(free), "a block is free twice"
+        for block in self.blocks:
+            assert block.ref_count == refs.get(block.block_id, 0), (block, refs.get(block.block_id, 0))
+            assert (block.block_id in free) == (block.ref_count == 0), block
+            assert (block.block_id in self._free_cached) <= (block.key is not None), block
+        for key, block_id in self._cached.items():
+            assert self.blocks[block_id].key == key, (key, self.blocks[block_id])
 
     def _take_free_block(self) -> int:
         if self._free_empty:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar", "llguidance")  # `folio.engine.structured.compiler.BACKENDS`
@@ -57,6 +59,8 @@ class EngineConfig:
     structured_outputs_backend: str = "xgrammar"
     # vLLM's: "fcfs", or "priority" (requests' ``priority``, lower first; the lowest preempted first)
     scheduling_policy: str = "fcfs"
+    # vLLM's --speculative-config: its JSON text or object, read into a `SpeculativeConfig` (None: off)
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, rule: str) -> ConfigValueError:
@@ -94,6 +98,21 @@ class EngineConfig:
             raise bad("max_lora_rank", ">= 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise bad("max_cpu_loras", f">= max_loras ({self.max_loras})")
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            try:
+                self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+            except SpeculativeConfigError as exc:
+                raise bad("speculative_config", f"vLLM's speculative JSON ({exc})") from None
+        if self.speculative_config is not None:
+            if self.speculative_config.method != "ngram":
+                raise bad("speculative_config", "method ngram (a draft model is not supported yet)")
+            if self.tensor_parallel_size > 1:
+                raise bad("speculative_config", "unset with tensor parallelism (not supported together yet)")
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        assert self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig)
+        return self.speculative_config
 
 
 @dataclass

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -35,6 +36,7 @@ from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.server.openai_errors import ErrorCode
+from folio.engine.spec_decode.speculator import Speculator
 from folio.engine.structured.compiler import BACKENDS, GrammarCompiler
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
 from folio.engine.tokenizer.loading import load_tokenizer
@@ -109,8 +111,10 @@ class LLMEngine:
 
         bs = config.block_size
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        speculator = Speculator(config.speculative) if config.speculative is not None else None
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill, self.lora_slots
+            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill, self.lora_slots,
+            speculator,
         )
         self._lora_roots: dict[str, int] = {}  # adapter name → its prefix-cache root (negative, never reused)
         self._lora_registrations = 0
@@ -397,6 +401,8 @@ class LLMEngine:
             num_preemptions_total=s.num_preemptions_total,
             prefix_cache_queries_total=s.prefix_cache_queries_total,
             prefix_cache_hits_total=s.prefix_cache_hits_total,
+            spec_decode=replace(s.speculator.stats, accepted_per_position=list(s.speculator.stats.accepted_per_position))
+            if s.speculator is not None else None,
         )
 
     # --- stepping ---------------------------------------------------------------------------------------

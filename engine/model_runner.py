@@ -15,8 +15,9 @@ from folio.engine.cpu_graphs import CpuDecodeGraphs
 from folio.engine.layers.context import AttentionContext, DecodeBucket, PrefillSegment
 from folio.engine.layers.lora import LoRAContext
 from folio.engine.models.base import DecoderLM
-from folio.engine.sampler import Sampler, SampleResult, plain_greedy
+from folio.engine.sampler import Sampler, SampleResult, first_max, plain_greedy
 from folio.engine.scheduler import ScheduledSeq
+from folio.engine.spec_decode.rejection import verify, verify_greedy
 from folio.kernels import decode_attention_cpu
 from folio.kernels.layout import allocate_kv_cache, kv_cache_block_bytes
 
@@ -41,7 +42,8 @@ class StepInputs:
     slots: list[int] = field(default_factory=list)  # the cache slot of each token's K/V
     context_lens: list[int] = field(default_factory=list)  # per sequence, this step's tokens included
     prefills: list[PrefillSegment] = field(default_factory=list)
-    logit_rows: list[int] = field(default_factory=list)  # each sampling sequence's last row, as `sampling`
+    # each sampling sequence's last row (and its proposals' rows after it), in the order of `sampling`
+    logit_rows: list[int] = field(default_factory=list)
     lora_slots: list[int] = field(default_factory=list)  # each token's adapter slot (-1: base); [] for none
 
     @property
@@ -72,6 +74,8 @@ def prepare_inputs(
         row = len(inputs.input_ids)
         table = seq.block_table
         inputs.input_ids.extend(seq.token_ids[start:end])
+        if item.draft:  # the proposals after the sequence's last token, verified at their positions
+            inputs.input_ids.extend(item.draft)
         inputs.positions.extend(range(start, end))
         inputs.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
         inputs.context_lens.append(end)
@@ -80,8 +84,8 @@ def prepare_inputs(
             if start > 0:
                 blocks = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device)
             inputs.prefills.append(PrefillSegment(row, row + item.num_tokens, end, blocks))
-        if item.samples:
-            inputs.logit_rows.append(row + item.num_tokens - 1)
+        if item.samples:  # its last token's row, and each proposal's
+            inputs.logit_rows.extend(range(row + item.num_tokens - 1 - len(item.draft), row + item.num_tokens))
     if lora and any(item.seq.lora_slot >= 0 for item in inputs.ordered):
         inputs.lora_slots = [item.seq.lora_slot for item in inputs.ordered for _ in range(item.num_tokens)]
     return inputs
@@ -206,12 +210,50 @@ class ModelRunner:
         self, hidden: torch.Tensor, sampling: list[ScheduledSeq]
     ) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """The sampling sequences' next tokens from their rows' hidden states (eager and graph steps)."""
+        if any(item.draft for item in sampling):
+            return sampling, self._verify(self._logits(hidden), sampling)
         seqs = [s.seq for s in sampling]
         if self.logit_noise is None and plain_greedy(seqs):
             tokens = self.model.greedy_tokens(hidden)
             if tokens is not None:  # the greedy tokens without the float32 logits (CPU, float32)
                 return sampling, SampleResult.greedy(tokens.tolist())
         return sampling, self.sampler(self._logits(hidden), seqs)
+
+    def _verify(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> SampleResult:
+        """A step with proposals: each proposing sequence's rows (its last token's, then one per proposal)
+        decide which proposals it keeps and its own next token (`spec_decode.rejection`); the others sample
+        their one row as in any step."""
+        sizes = [1 + len(item.draft) for item in sampling]
+        starts = list(itertools.accumulate(sizes, initial=0))
+        n = len(sampling)
+        kept: list[list[int]] = [[] for _ in sampling]
+        kept_logprobs: list[list[tuple[float, dict[int, float] | None]]] = [[] for _ in sampling]
+        result = SampleResult([0] * n, [None] * n, [0.0] * n, kept=kept, kept_logprobs=kept_logprobs)
+        plain = [i for i, item in enumerate(sampling) if not item.draft]
+        if plain:
+            rows = torch.tensor([starts[i] for i in plain], device=logits.device)
+            sampled = self.sampler(logits[rows], [sampling[i].seq for i in plain])
+            for j, i in enumerate(plain):
+                result.token_ids[i], result.logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
+                result.sampled_logprobs[i] = sampled.sampled_logprobs[j]
+        for i, item in enumerate(sampling):
+            if not item.draft:
+                continue
+            seq, rows = item.seq, logits[starts[i] : starts[i + 1]]
+            if seq.params.greedy:  # the first maximum of each row, as the sampler takes it
+                emitted = verify_greedy(first_max(rows).tolist(), item.draft)
+            else:
+                probs = self.sampler.distribution(rows.float(), [seq] * len(rows))
+                probs /= probs.sum(dim=-1, keepdim=True)
+                emitted = verify(probs, item.draft, generator=seq.generator or self.sampler.generator)
+            kept[i], result.token_ids[i] = emitted[:-1], emitted[-1]
+            kept_logprobs[i] = [(0.0, None)] * len(kept[i])  # (nobody asked)
+            if seq.params.logprobs is not None:
+                raw = torch.log_softmax(rows[: len(emitted)].float(), dim=-1)
+                entries = [_logprob_entry(raw[j], token, seq.params.logprobs) for j, token in enumerate(emitted)]
+                kept_logprobs[i] = list(entries[:-1])
+                result.sampled_logprobs[i], result.logprobs[i] = entries[-1]
+        return result
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the sampler picks from: the model's dtype unless the noise test aid needs float32."""
@@ -315,3 +357,13 @@ class ModelRunner:
         if len(rows) < len(inputs.ordered):
             hidden = hidden[torch.tensor(rows, device=self.device)]
         return self._sample(hidden, inputs.sampling)
+
+
+def _logprob_entry(logprobs: torch.Tensor, token: int, top_n: int) -> tuple[float, dict[int, float]]:
+    """A token's log-probability and its entry: itself and the row's top ``top_n``, as the sampler gives them."""
+    own = float(logprobs[token])
+    entry = {token: own}
+    if top_n:
+        values, ids = logprobs.topk(min(top_n, logprobs.shape[0]))
+        entry.update(zip(ids.tolist(), values.tolist(), strict=True))
+    return own, entry

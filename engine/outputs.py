@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from folio.engine.lora.request import LoRARequest
+    from folio.engine.spec_decode.speculator import SpecDecodeStats
 
 
 @dataclass
@@ -79,3 +80,4 @@ class EngineStats:
     num_preemptions_total: int
     prefix_cache_queries_total: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits_total: int  # of those, tokens found cached
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on

@@ -24,6 +24,10 @@ class SampleResult:
     # per sequence: {token: logprob} for the sampled token and the top-N (None when not requested)
     logprobs: list[dict[int, float] | None]
     sampled_logprobs: list[float]  # log-probability of each sampled token (0.0 when nobody asked)
+    # speculation: per sequence, the proposed tokens the target kept, emitted before its own token above, and
+    # their (logprob, top logprobs) as for that token; None when the step verified no proposal
+    kept: list[list[int]] | None = None
+    kept_logprobs: list[list[tuple[float, dict[int, float] | None]]] | None = None
 
     @classmethod
     def greedy(cls, token_ids: list[int]) -> SampleResult:
@@ -54,7 +58,7 @@ class Sampler:
         """``logits`` [B, V] in float32 or the model's dtype, one row per sequence in ``seqs``. Everything but
         plain greedy decoding works in float32."""
         if plain_greedy(seqs):
-            return SampleResult.greedy(_first_max(logits).tolist())
+            return SampleResult.greedy(first_max(logits).tolist())
         want = [s.params.logprobs for s in seqs]
         top_n = max((n for n in want if n is not None), default=None)
         greedy = [s.params.greedy for s in seqs]
@@ -63,7 +67,7 @@ class Sampler:
         if any(mask.constrained(s) for s in seqs):  # a bias and the grammar's mask, before everything else
             logits = mask.apply(logits, seqs, self.bitmasks.take(seqs))
         logits = self._apply_penalties(logits, seqs)
-        tokens = _first_max(logits) if all(greedy) else self._sample(logits, seqs, greedy)
+        tokens = first_max(logits) if all(greedy) else self._sample(logits, seqs, greedy)
         token_list = tokens.tolist()
         per_seq: list[dict[int, float] | None] = [None] * len(seqs)
         if raw_logprobs is None:
@@ -110,7 +114,10 @@ class Sampler:
         # a penalty near 0 divides a logit past float32's range; inf - inf would make the softmax NaN
         return logits.index_copy(0, index, picked.clamp_(-_FLOAT32_MAX, _FLOAT32_MAX))
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
+    @staticmethod
+    def distribution(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """What each row draws from, [B, V] float32: temperature, then top-k / top-p / min-p, which leave the
+        rows unnormalised (the dropped tokens' mass is not handed out)."""
         device = logits.device
         temps = _to_device(torch.tensor([s.params.temperature or 1.0 for s in seqs]), device).unsqueeze(1)
         probs = torch.softmax((logits / temps).clamp_(-_FLOAT32_MAX, _FLOAT32_MAX), dim=-1)
@@ -122,6 +129,11 @@ class Sampler:
         if any(m > 0 for m in min_p):
             mp = _to_device(torch.tensor(min_p), device).unsqueeze(1)
             probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
+        return probs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
+        device = logits.device
+        probs = self.distribution(logits, seqs)
         # Inverse-CDF sampling: one uniform draw per row, placed on the row's running sum of probabilities (a
         # token of probability 0 spans no width, so it is never drawn). The exponential race before it drew one
         # number per token: 7.5 ms a step for 8 rows of SmolLM2's 49k vocabulary on the CPU, a sixth of the step.
@@ -140,7 +152,7 @@ class Sampler:
         return tokens
 
 
-def _first_max(logits: torch.Tensor) -> torch.Tensor:
+def first_max(logits: torch.Tensor) -> torch.Tensor:
     """Each row's greedy token: the first maximum, as argmax() finds it. On the CPU the native kernel reads
     the logits in their own dtype at a tenth of max()'s cost; max() itself is a third of argmax()'s."""
     if fused_cpu.supports(logits) and logits.dim() == 2 and logits.shape[1] > 0 and logits.stride(1) == 1:

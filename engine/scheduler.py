@@ -23,6 +23,12 @@ finds none stays waiting, and the sequences behind it are admitted past it. A qu
 adapter (so one removed before it runs is kept for it) and holds its slot reference from admission until
 it finishes, through preemption too. An adapter whose files fail to load fails its sequence alone (`take_failed`).
 
+With speculative decoding (`folio.engine.spec_decode`), a decoding sequence may carry a draft: tokens
+proposed after its last one (`Speculator.draft`), computed in the same step at their positions and verified
+there. A draft never costs anyone else their place: with too few free blocks it is dropped before anything
+is preempted. `postprocess` appends the proposals the target kept and its own next token, each through the
+stop checks, counts the kept ones computed, and gives back the blocks of the refused ones (`trim`).
+
 After the step has run, `postprocess` does all of its bookkeeping: the scheduled tokens count as computed
 (their full blocks join the prefix cache), each sampled sequence takes its token, and those that are done
 (stop token, end of sequence, stop string, length) finish and free their blocks. A step that failed goes
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from folio.engine.block_manager import BlockManager
@@ -44,6 +50,7 @@ from folio.engine.sequence import Sequence, SequenceStatus
 if TYPE_CHECKING:
     from folio.engine.lora.slots import LoRASlots
     from folio.engine.sampler import SampleResult
+    from folio.engine.spec_decode.speculator import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +58,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_tokens: int  # tokens of the sequence computed in this step, from seq.num_computed_tokens on
+    num_tokens: int  # tokens computed in this step, from seq.num_computed_tokens on (the draft's included)
+    draft: list[int] = field(default_factory=list)  # proposed tokens after the sequence's last, to verify
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the sequence's last token, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
+        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq) + len(self.draft)
 
 
 class Scheduler:
@@ -67,9 +75,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         lora_slots: LoRASlots | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.lora_slots = lora_slots
+        self.speculator = speculator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -104,19 +114,25 @@ class Scheduler:
         preempted = False
         self._make_room_for_priority()
 
+        drafts = self._draft_budget()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.allocate(seq, n):
+            draft = self._draft(seq, min(drafts, budget - n)) if n == seq.num_uncomputed_tokens == 1 else []
+            while not self.block_manager.allocate(seq, n + len(draft)):
+                if draft:  # a proposal is never worth a preemption
+                    draft = []
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
-                scheduled.append(ScheduledSeq(seq, n))
-                budget -= n
+                scheduled.append(ScheduledSeq(seq, n + len(draft), draft))
+                budget -= n + len(draft)
+                drafts -= len(draft)
                 i += 1
 
         # Admitting new work right after a preemption would only cause more of it.
@@ -148,6 +164,14 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return scheduled
+
+    def _draft_budget(self) -> int:
+        if self.speculator is None:
+            return 0
+        return self.speculator.step_budget(sum(1 for seq in self.running if seq.num_uncomputed_tokens == 1))
+
+    def _draft(self, seq: Sequence, room: int) -> list[int]:
+        return self.speculator.draft(seq, room) if self.speculator is not None and room > 0 else []
 
     def _make_room_for_priority(self) -> None:
         """Preempt the lowest running sequences while the queue's head outranks them and cannot start."""
@@ -215,8 +239,8 @@ class Scheduler:
     ) -> list[Sequence]:
         """The bookkeeping of a step that ran ``batch``, in which ``sampled`` got the tokens of ``result``.
         Returns the sequences with news for their clients (those that got a token), in ``sampled`` order."""
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_tokens
+        for item in batch:  # a draft's tokens count once kept, below
+            item.seq.num_computed_tokens += item.num_tokens - len(item.draft)
             assert item.seq.num_computed_tokens <= len(item.seq)
             self.block_manager.register_full_blocks(item.seq)
         if result is None:
@@ -225,17 +249,32 @@ class Scheduler:
         for i, item in enumerate(sampled):
             seq = item.seq
             assert seq.num_computed_tokens == len(seq), "sampled before its last token was computed"
-            seq.append_token(result.token_ids[i], result.sampled_logprobs[i], result.logprobs[i], now)
-            try:
-                done = check_stop(seq, result.token_ids[i])
-                if seq.grammar is not None:
-                    done = advance_grammar(seq, result.token_ids[i], done)
-            except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
-                self.fail([seq], exc)
-                continue
-            if done is not None:
-                seq.finish_reason, seq.stop_reason = done
-                self.finish(seq)
+            kept = result.kept[i] if result.kept is not None else []
+            if item.draft:
+                assert self.speculator is not None and kept == item.draft[: len(kept)]
+                self.speculator.verified(seq, len(item.draft), len(kept))
+            for j, token in enumerate([*kept, result.token_ids[i]]):
+                if j < len(kept):  # a kept proposal: its K/V were computed in the verify step
+                    assert result.kept_logprobs is not None
+                    logprob, top = result.kept_logprobs[i][j]
+                    seq.append_token(token, logprob, top, now)
+                    seq.num_computed_tokens += 1
+                else:
+                    seq.append_token(token, result.sampled_logprobs[i], result.logprobs[i], now)
+                try:
+                    done = check_stop(seq, token)
+                    if seq.grammar is not None:
+                        done = advance_grammar(seq, token, done)
+                except Exception as exc:  # e.g. a detokenizer error: this sequence's own fault
+                    self.fail([seq], exc)
+                    break
+                if done is not None:
+                    seq.finish_reason, seq.stop_reason = done
+                    self.finish(seq)
+                    break
+            if item.draft and not seq.is_finished:  # the refused proposals' blocks go back
+                self.block_manager.register_full_blocks(seq)
+                self.block_manager.trim(seq, len(seq))
         return [item.seq for item in sampled]
 
     def fail(self, seqs: list[Sequence], exc: Exception) -> list[Sequence]:
@@ -255,6 +294,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks."""
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:

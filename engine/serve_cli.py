@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
     )
     eng.add_argument(
+        "--speculative-config", metavar="JSON",
+        help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": K, '
+        '"prompt_lookup_max": N, "prompt_lookup_min": M} (prompt lookup; default: off)',
+    )  # fmt: skip
+    eng.add_argument(
         "--collective-timeout",
         type=float,
         default=15.0,
@@ -336,6 +341,7 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             fault_logit_noise=args.fault_logit_noise,
             tensor_parallel_size=args.tensor_parallel_size,
             collective_timeout=args.collective_timeout,
+            speculative_config=args.speculative_config,
             **lora,
         )
     except ConfigValueError as exc:

@@ -160,7 +160,7 @@ class ResourceRequirements(Model):
     requests: dict[str, int | str] = Field(default_factory=dict)
 
 
-EngineArgValue = int | float | bool | str
+EngineArgValue = int | float | bool | str | dict[str, Any]  # an object: for flags that take JSON
 
 
 class EngineSpec(Model):

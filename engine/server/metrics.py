@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from folio.engine.outputs import EngineStats, RequestOutput
+from folio.engine.spec_decode.speculator import SpecDecodeStats
 
 disable_created_metrics()  # vLLM exports no *_created series either
 
@@ -68,6 +69,28 @@ class _EngineStatsCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=label)
             c.add_metric([self._model], value)
             yield c
+        if s.spec_decode is not None:
+            yield from _spec_decode_families(self._model, s.spec_decode)
+
+
+def _spec_decode_families(model: str, spec: SpecDecodeStats) -> Iterator[Metric]:
+    """vLLM v1's speculative decoding counters."""
+    for name, doc, value in (
+        ("vllm:spec_decode_num_drafts", "Verify steps of proposed tokens (one per sequence and step).",
+         spec.num_drafts),
+        ("vllm:spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens),
+        ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target kept.", spec.num_accepted_tokens),
+    ):  # fmt: skip
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([model], value)
+        yield c
+    per_position = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens kept, by their position in the proposal.",
+        labels=["model_name", "position"],
+    )  # fmt: skip
+    for position, value in enumerate(spec.accepted_per_position):
+        per_position.add_metric([model, str(position)], value)
+    yield per_position
 
 
 class _LoRAInfoCollector(Collector):

@@ -25,9 +25,7 @@ def verify(target_probs: torch.Tensor, proposed: list[int], draft_probs: torch.T
     assert target_probs.dim() == 2 and target_probs.shape[0] == k + 1, (tuple(target_probs.shape), k)
     assert draft_probs is None or tuple(draft_probs.shape) == (k, target_probs.shape[1])
     if greedy:
-        best = target_probs.argmax(dim=-1).tolist()
-        kept = next((i for i, d in enumerate(proposed) if best[i] != d), k)
-        return [*proposed[:kept], best[kept]]
+        return verify_greedy(target_probs.argmax(dim=-1).tolist(), proposed)
     device = target_probs.device
     draws = torch.rand(k, generator=generator, device=device).tolist() if k else []
     for i, d in enumerate(proposed):
@@ -45,3 +43,11 @@ def verify(target_probs: torch.Tensor, proposed: list[int], draft_probs: torch.T
         token = int(torch.multinomial(residual, 1, generator=generator))
         return [*proposed[:i], token]
     return [*proposed, int(torch.multinomial(target_probs[k], 1, generator=generator))]
+
+
+def verify_greedy(best: list[int], proposed: list[int]) -> list[int]:
+    """Greedy: the proposals while each is the target's choice ``best[i]`` at its position, then the
+    target's own choice after them."""
+    assert len(best) == len(proposed) + 1
+    kept = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))
+    return [*proposed[:kept], best[kept]]

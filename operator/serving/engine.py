@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from typing import Any, Literal
 from folio.operator.serving.errors import PlanningError
 from folio.operator.spec import EngineArgValue, ModelSource
 
-ArgKind = Literal["int", "float", "str", "bool", "switch"]  # bool: --x/--no-x; switch: --x or nothing
+# bool: --x/--no-x; switch: --x or nothing; json: a flag taking JSON (metavar JSON), given as an object or its text
+ArgKind = Literal["int", "float", "str", "bool", "switch", "json"]
 
 # Set by the operator from the spec and the cache layout; never from engine.args.
 OPERATOR_FLAGS = frozenset(
@@ -30,7 +32,7 @@ OPERATOR_FLAGS = frozenset(
 )
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-               "switch": "true or false"}
+               "switch": "true or false", "json": "a JSON object (or its text)"}
 
 
 def serve_args(
@@ -99,6 +101,8 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Flag]:
             kind = "bool"
         elif action.nargs == 0:  # store_true
             kind = "switch"
+        elif action.metavar == "JSON":
+            kind = "json"
         else:
             kind = "int" if action.type is int else "float" if action.type is float else "str"
         table[key] = Flag(kind, tuple(action.choices) if action.choices else None)
@@ -121,6 +125,8 @@ def engine_flags(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] |
             flags.append(f"--{kebab(key)}" if value else f"--no-{kebab(key)}")
         elif flag.kind == "switch":
             flags.extend([f"--{kebab(key)}"] if value else [])
+        elif isinstance(value, dict):
+            flags.extend([f"--{kebab(key)}", json.dumps(value, sort_keys=True, separators=(",", ":"))])
         else:
             flags.extend([f"--{kebab(key)}", str(value)])
     _check_values(flags)
@@ -180,6 +186,8 @@ def _fits(kind: ArgKind, value: EngineArgValue) -> bool:
         return isinstance(value, int)
     if kind == "float":
         return isinstance(value, (int, float))
+    if kind == "json":
+        return isinstance(value, (dict, str))
     return isinstance(value, str)
 
 

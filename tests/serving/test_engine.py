@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import pytest
@@ -91,11 +92,13 @@ def test_every_engine_arg_renders_to_a_command_line_folio_serve_accepts() -> Non
     serve_cli.add_arguments(parser)
     table = engine_flags_table()
     assert {"maxModelLen", "blockSize", "enablePrefixCaching", "faultErrorRate", "faultLatencyMs"} <= set(table)
-    sample = {"int": 16, "float": 0.5, "bool": False, "switch": True, "str": "x"}
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    sample = {"int": 16, "float": 0.5, "bool": False, "switch": True, "str": "x", "json": ngram}
     for key, flag in table.items():
         value = flag.choices[0] if flag.choices else sample[flag.kind]
         parsed = parser.parse_args(["--model", "/m", *engine_flags({key: value})])  # exits 2 on a bad flag
-        assert getattr(parsed, kebab(key).replace("-", "_")) == value
+        got = getattr(parsed, kebab(key).replace("-", "_"))
+        assert (json.loads(got) if flag.kind == "json" else got) == value
     # The whole engine command line of a planned pod parses too.
     spec = make_spec()
     container = objects_by_key(spec, revision(spec))[("Deployment", f"chat-{revision_name(spec)}")]

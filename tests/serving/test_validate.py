@@ -335,3 +335,17 @@ def test_the_structured_outputs_backend_is_an_engine_arg_like_any_flag() -> None
                                                                               "llguidance"]  # fmt: skip
     (problem,) = validate("chat", spec(engine={"args": {"structuredOutputsBackend": "outlines"}}), CLUSTER)
     assert problem.path == "spec.engine.args.structuredOutputsBackend" and "xgrammar, llguidance" in str(problem)
+
+
+def test_the_speculative_config_is_an_engine_arg_given_as_an_object_or_its_text() -> None:
+    from folio.operator.serving import engine
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    assert validate("chat", spec(engine={"args": {"speculativeConfig": ngram}}), CLUSTER) == []
+    text = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}'
+    assert engine.engine_flags({"speculativeConfig": ngram}) == ["--speculative-config", text]
+    assert engine.engine_flags({"speculativeConfig": text}) == ["--speculative-config", text]
+    (problem,) = validate("chat", spec(engine={"args": {"speculativeConfig": {"method": "eagle"}}}), CLUSTER)
+    assert problem.path == "spec.engine.args.speculativeConfig" and "method must be one of" in str(problem)
+    (problem,) = validate("chat", spec(engine={"args": {"maxNumSeqs": {"n": 4}}}), CLUSTER)
+    assert problem.path == "spec.engine.args.maxNumSeqs" and "must be an integer" in str(problem)

@@ -307,10 +307,24 @@ class AnalysisSpec(Model):
         description="Least share of compared shadow answers matching the primary's (needs shadow.percent > 0).",
     )
     prometheus: PrometheusSpec | None = None
+    max_inconclusive_duration: PositiveDuration = Field(
+        default="30m",
+        description="How long a step may go without a conclusive sample (its analysis window grows meanwhile "
+        "until it holds minRequests) before onInconclusive acts.",
+    )
+    on_inconclusive: Literal["Pause", "Rollback", "Promote"] = Field(
+        default="Pause",
+        description="After maxInconclusiveDuration: Pause (hold the step until promote, abort or retry), "
+        "Rollback (as a failed analysis) or Promote (end the step as if it passed).",
+    )
 
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    @property
+    def max_inconclusive_seconds(self) -> float:
+        return parse_duration(self.max_inconclusive_duration)
 
     @property
     def request_timeout_seconds(self) -> float:
@@ -637,6 +651,23 @@ class AnalysisSample(Lenient):
     shadow_match_rate: float | None = None  # of the interval's compared shadow answers, when there were any
     verdict: Literal["Pass", "Fail", "Inconclusive"] = "Inconclusive"
     reasons: list[str] = Field(default_factory=list)
+    # The window judged began then: the interval's start, or earlier when it grew over Inconclusive samples
+    # (`folio.operator.analysis.growth`).
+    since: str | None = None
+    # Inconclusive samples of the router-scrape source: the window's counters so far, which the next sample
+    # adds its interval to (kept here, in status, so that a restart keeps growing the same window).
+    accumulated: list[RevisionCounts] | None = None
+
+
+class RevisionCounts(Lenient):
+    """One revision's router counters over a growing analysis window (histogram buckets keyed by their upper
+    bound as text, ``+Inf`` included)."""
+
+    revision: str
+    codes: dict[str, float] = Field(default_factory=dict)
+    duration: dict[str, float] = Field(default_factory=dict)
+    ttft: dict[str, float] = Field(default_factory=dict)
+    shadow: dict[str, float] = Field(default_factory=dict)
 
 
 class ParityPromptDiff(Lenient):
@@ -676,6 +707,17 @@ class CanaryStatus(Lenient):
     consecutive_failures: int = 0
     last_analysis: AnalysisSample | None = None
     parity: ParityReport | None = None
+    paused: CanaryPause | None = None  # held at its step until promote, abort or retry
+    # Steps (indices) that ended without a conclusive sample, by ``onInconclusive: Promote``.
+    steps_without_evidence: list[int] | None = None
+
+
+class CanaryPause(Lenient):
+    """Why and since when a canary is held at its step (``onInconclusive: Pause``)."""
+
+    at: str
+    reason: str
+    message: str = ""
 
 
 class FailedRevision(Lenient):
@@ -725,7 +767,7 @@ class RolloutStatus(Lenient):
     """Where the rollout of one thing stands: the InferenceService's base revisions, or one adapter's."""
 
     observed_generation: int | None = None
-    phase: str | None = None  # human summary: Pending, WeightsPending, Canary, Promoted, RolledBack, Ready
+    phase: str | None = None  # human summary: Pending, WeightsPending, Canary, Paused, Promoted, RolledBack, Ready
     stable_revision: str | None = None
     canary_revision: str | None = None
     failed_revisions: list[FailedRevision] = Field(default_factory=list)

@@ -2,6 +2,7 @@
 
     windows        per-revision counters from a router scrape, deltas between scrapes, quantiles, figures
     verdict        the figures held to the thresholds: Pass, Fail or Inconclusive, with the reasons
+    growth         after an Inconclusive sample the window grows (since the step began) until minRequests
     router_scrape  the default source: every router's /metrics, as deltas since its previous scrape
     prometheus     the other source (``analysis.prometheus.url``): the same figures by PromQL
     sampler        when to sample (once per ``analysis.interval``) and from which source

@@ -1,7 +1,7 @@
 """The Prometheus analysis source (``analysis.prometheus.url``): the router-scrape figures by PromQL.
 
 Each figure is an instant query of ``increase(...[interval])`` over the router's own series,
-evaluated at the sample's time. Prometheus being unreachable gives an Inconclusive sample, never
+evaluated at the sample's time; over a grown window (`growth`) the range is the whole window. Prometheus being unreachable gives an Inconclusive sample, never
 a pass.
 """
 
@@ -13,6 +13,7 @@ from datetime import datetime
 import httpx
 
 from folio.operator import metric_names as m
+from folio.operator.analysis.growth import Window, promql_range
 from folio.operator.analysis.verdict import judge
 from folio.operator.analysis.windows import NO_FIGURES, Figures, ms
 from folio.operator.spec import AnalysisSample, AnalysisSpec, as_utc
@@ -58,11 +59,12 @@ def _scalar(body: dict) -> float | None:
 
 async def prometheus_figures(
     client: httpx.AsyncClient, base_url: str, isvc: str, canary: str, stable: str | None,
-    spec: AnalysisSpec, now: datetime, adapter: str | None = None,
+    spec: AnalysisSpec, now: datetime, adapter: str | None = None, window: str | None = None,
 ) -> Figures:
-    """The interval's figures from Prometheus' HTTP API (instant queries evaluated at ``now``)."""
+    """The window's figures from Prometheus' HTTP API (instant queries evaluated at ``now``); ``window``: the
+    range, by default the interval."""
     values: dict[str, float | None] = {}
-    for key, query in promql_queries(isvc, canary, stable, spec.interval, adapter).items():
+    for key, query in promql_queries(isvc, canary, stable, window or spec.interval, adapter).items():
         resp = await client.get(
             f"{base_url.rstrip('/')}/api/v1/query",
             params={"query": query, "time": f"{as_utc(now).timestamp():.3f}"},
@@ -82,11 +84,15 @@ async def prometheus_figures(
 
 async def prometheus_sample(
     client: httpx.AsyncClient, base_url: str, isvc: str, canary: str, stable: str | None,
-    spec: AnalysisSpec, now: datetime, adapter: str | None = None,
+    spec: AnalysisSpec, now: datetime, adapter: str | None = None, window: Window | None = None,
 ) -> AnalysisSample:
-    """`judge` on Prometheus figures; an unreachable Prometheus is Inconclusive, never a pass."""
+    """`judge` on Prometheus figures over the interval, or over the whole ``window`` when it grew (`growth`);
+    an unreachable Prometheus is Inconclusive, never a pass."""
+    since, grown = (window.since, window.grown) if window is not None else (None, False)
     try:
-        figures = await prometheus_figures(client, base_url, isvc, canary, stable, spec, now, adapter)
+        figures = await prometheus_figures(client, base_url, isvc, canary, stable, spec, now, adapter,
+                                           promql_range(window, spec, now) if window is not None else None)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        return judge(NO_FIGURES, spec, now, [f"Prometheus at {base_url} could not be queried: {exc}"])
-    return judge(figures, spec, now)
+        return judge(NO_FIGURES, spec, now, [f"Prometheus at {base_url} could not be queried: {exc}"],
+                     since=since, grown=grown)
+    return judge(figures, spec, now, since=since, grown=grown)

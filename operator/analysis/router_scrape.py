@@ -1,8 +1,9 @@
 """The default analysis source: every router pod's /metrics, as deltas since its previous scrape.
 
 A pod seen for the first time only sets its baseline (its counters hold history of unknown age);
-the state lives in memory only, so after a restart the first interval is a baseline
-(Inconclusive), which costs one interval and never a wrong verdict.
+the previous scrapes live in memory only, so after a restart the first interval is a baseline
+(Inconclusive), which costs one interval and never a wrong verdict. A growing window's counters
+(`growth`) are kept in status instead, so they survive.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime
 
 import httpx
 
+from folio.operator.analysis.growth import Window, carry
 from folio.operator.analysis.verdict import judge
 from folio.operator.analysis.windows import Snapshot, delta, figures_from_windows, merge, parse_router_metrics
 from folio.operator.spec import AnalysisSample, AnalysisSpec
@@ -47,11 +49,17 @@ class RouterScrapes:
 
     def sample(
         self, texts: Mapping[str, str], canary: str, stable: str | None, spec: AnalysisSpec, now: datetime,
-        notes: Sequence[str] = (),
+        notes: Sequence[str] = (), window: Window | None = None,
     ) -> AnalysisSample:
-        """`judge` on the canary's window since the previous scrapes."""
-        window, more = self.ingest(texts)
-        return judge(figures_from_windows(window, canary, stable), spec, now, [*notes, *more])
+        """`judge` on the canary's window since the previous scrapes, added to the counters ``window`` carries
+        when it grows (`growth`); an Inconclusive sample keeps the sum for the next one."""
+        interval, more = self.ingest(texts)
+        counts = merge([window.carried, interval]) if window is not None else interval
+        sample = judge(figures_from_windows(counts, canary, stable), spec, now, [*notes, *more],
+                       since=window.since if window else None, grown=window.grown if window else False)
+        if sample.verdict == "Inconclusive":
+            sample.accumulated = carry(counts, canary, stable)
+        return sample
 
 
 Scraped = tuple[dict[str, str], list[str]]  # {router url: metrics text}, notes on the ones not scraped

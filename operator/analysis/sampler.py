@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 import httpx
 
+from folio.operator.analysis.growth import next_window
 from folio.operator.analysis.prometheus import prometheus_sample
 from folio.operator.analysis.router_scrape import RouterScrapes, Scraped, scrape_routers
 from folio.operator.spec import AnalysisSample, AnalysisSpec, RolloutStatus, as_utc
@@ -77,13 +78,14 @@ class IntervalSampler:
         canary takes traffic, else None (only the baseline moves). ``scraped``: the routers' texts and notes,
         scraped already this pass (several adapters' samplers share one scrape)."""
         canary, stable = status.serving_canary, status.stable_revision
+        window = next_window(status, spec, now)  # the interval, or more while the step is Inconclusive
         if spec.prometheus is not None:
             if canary is None:
                 return None
             return await prometheus_sample(client, spec.prometheus.url, self.isvc, canary, stable, spec, now,
-                                           self.scrapes.adapter)
+                                           self.scrapes.adapter, window)
         texts, notes = scraped if scraped is not None else await scrape_routers(client, router_urls)
         if canary is None:
             self.scrapes.ingest(texts)  # keeps the baseline current
             return None
-        return self.scrapes.sample(texts, canary, stable, spec, now, notes)
+        return self.scrapes.sample(texts, canary, stable, spec, now, notes, window)

@@ -1,8 +1,8 @@
-"""The canary verdict: decided here, from one interval's figures and the spec's thresholds.
+"""The canary verdict: decided here, from one window's figures and the spec's thresholds.
 
-Fewer than ``minRequests`` canary requests is *Inconclusive* (never a pass); otherwise *Fail* when
-any threshold is exceeded (error rate, timeout rate, p99 latency above stable's, TTFT p95), else
-*Pass*. Timeouts (the router's ``code="timeout"``) are not errors: they have their own limit. The
+Fewer than ``minRequests`` canary requests is *Inconclusive* (never a pass; the next window grows over
+this one, `growth`); otherwise *Fail* when any threshold is exceeded (error rate, timeout rate, p99
+latency above stable's, TTFT p95), else *Pass*. Timeouts (the router's ``code="timeout"``) are not errors: they have their own limit. The
 reasons say which figure broke which limit; they end up in status and in Events.
 """
 
@@ -15,17 +15,23 @@ from folio.operator.analysis.windows import Figures
 from folio.operator.spec import AnalysisSample, AnalysisSpec, as_utc, now_iso
 
 
-def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[str] = ()) -> AnalysisSample:
-    """The verdict on one interval, with the figures and the reasons behind it."""
+def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[str] = (), *,
+          since: datetime | None = None, grown: bool = False) -> AnalysisSample:
+    """The verdict on one window (an interval, or more: ``grown``, since ``since``), with the figures and the
+    reasons behind it."""
     requests, errors = round(figures.requests), round(figures.errors)
     rate = errors / requests if requests else 0.0
     timeouts = round(figures.timeouts)
     timeout_rate = timeouts / requests if requests else 0.0
     reasons: list[str] = list(notes)
+    span = f"the {_seconds(since, now)} since {now_iso(as_utc(since))}" if grown and since is not None else ""
     if requests < spec.min_requests:
         verdict = "Inconclusive"
-        reasons.append(f"only {requests} canary requests in the interval (minRequests {spec.min_requests})")
+        where = span or "the interval"
+        reasons.append(f"only {requests} canary requests in {where} (minRequests {spec.min_requests})")
     else:
+        if span:
+            reasons.append(f"judged on {span} (no single interval had minRequests {spec.min_requests})")
         failures = []
         if rate > spec.max_error_rate:
             failures.append(
@@ -71,7 +77,12 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         shadow_match_rate=shadow_match_rate(figures),
         verdict=verdict,
         reasons=reasons,
+        since=now_iso(as_utc(since)) if since is not None else None,
     )
+
+
+def _seconds(since: datetime, now: datetime) -> str:
+    return f"{max(0.0, (as_utc(now) - as_utc(since)).total_seconds()):.0f} s"
 
 
 def shadow_match_rate(figures: Figures) -> float | None:

@@ -53,7 +53,7 @@ ROUTER = "router"
 TICK_S = 0.5
 # How long a step waits for the router to report a config it was just given (it re-reads its file every 0.2 s).
 ROUTER_FOLLOW_S = 5.0
-SETTLED_PHASES = ("Ready", "Promoted", "RolledBack", "Failed")
+SETTLED_PHASES = ("Ready", "Promoted", "RolledBack", "Failed", "Paused")
 
 
 def folio_argv(*args: str) -> list[str]:

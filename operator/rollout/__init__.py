@@ -11,6 +11,7 @@ continues exactly where the last one stopped: everything it needs is in ``status
     transitions  revisions admitted, superseded, failed, retired; overrides abort and retry
     canary       the canary's steps, what a sample counts for, promotion; it acts on the parity gate's
                  decision before step 1 (`folio.operator.parity`, which knows nothing of the rollout)
+    inconclusive a step without a verdict for maxInconclusiveDuration: Pause, Rollback or Promote
     traffic      who gets traffic (status.traffic)
     conditions   phase, the four conditions and their messages
 
@@ -19,7 +20,8 @@ The model, in short (docs/rollouts.md has the long version with a worked example
 - The first revision goes straight to Stable once its weights are verified and a replica is ready.
 - A later revision becomes the Canary. It gets no traffic until its weights are verified and it
   has ready replicas; then it walks ``spec.rollout.steps``. A step ends when its pause is over
-  *and* the latest analysis during the step passed (an inconclusive sample is not a pass).
+  *and* the latest analysis during the step passed (an inconclusive sample is not a pass; after
+  ``maxInconclusiveDuration`` of them ``onInconclusive`` decides).
   After the last step it is promoted: it becomes Stable with 100% and the old stable is Retiring
   (weight 0) for ``drainPeriod`` before it is dropped.
 - ``failureLimit`` consecutive failing samples, a crash-looping canary, weights that fail

@@ -2,7 +2,8 @@
 
 A canary walks ``spec.rollout.steps`` once it is ready (verified weights, a ready replica, no
 crash loop). A step ends when its pause is over *and* the latest analysis sample taken during the
-step passed: an inconclusive sample is not a pass. ``failureLimit`` consecutive failing samples
+step passed: an inconclusive sample is not a pass. A step Inconclusive for longer than
+``maxInconclusiveDuration`` pauses, rolls back or ends as ``onInconclusive`` says (`inconclusive`). ``failureLimit`` consecutive failing samples
 roll it back (a pass resets the count, an inconclusive one does not). After the last step, or on
 the ``promote`` override, it is promoted: it becomes Stable and the old stable retires.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from folio.operator.autoscaling.share import promotion_ready
 from folio.operator.parity import gate as parity_gate
+from folio.operator.rollout import inconclusive
 from folio.operator.rollout.conditions import describe_sample
 from folio.operator.rollout.state import Pass
 from folio.operator.rollout.transitions import fail, retire
@@ -43,14 +45,21 @@ def progress(p: Pass) -> None:
         return
     assert c.step_started_at is not None
     left = parse_time(c.step_started_at).timestamp() + steps[c.step].pause_seconds - p.now.timestamp()
-    if left <= 0 and passed_this_step(c):
+    if inconclusive.act(p, c):
+        fail(p, canary, inconclusive.TOO_LONG,
+             f"canary {canary.name} rolled back (onInconclusive Rollback): {inconclusive.message(p, c)}")
+        return
+    if c.paused is not None:
+        p.requeue.append(p.spec.rollout.analysis.interval_seconds)  # samples go on: failing ones still count
+        return
+    if left <= 0 and (passed_this_step(c) or inconclusive.ended_without_evidence(c)):
         if c.step + 1 < len(steps):
             start_step(p, c.step + 1)
             left = steps[c.step].pause_seconds
         elif not promotion_ready(p.spec, p.st, p.facts(canary).ready_replicas):
             pass  # autoscaled: all traffic moves once the canary has the replicas the load needs
         else:
-            promote(p, canary, f"all {len(steps)} steps passed analysis")
+            promote(p, canary, _all_steps(c, len(steps)))
             return
     if left > 0:
         p.requeue.append(left)  # the step's pause ends then
@@ -116,7 +125,7 @@ def count_sample(p: Pass, c: CanaryStatus) -> bool:
         return False  # already counted (or older than what was)
     if c.step == 0 and parse_time(sample.at) <= parse_time(c.step_started_at):
         return False  # measured before the canary had any traffic
-    c.last_analysis = sample
+    c.last_analysis = inconclusive.stamp(sample, c, p.spec.rollout.analysis)
     if sample.verdict == "Fail":
         c.consecutive_failures += 1
     elif sample.verdict == "Pass":
@@ -141,6 +150,15 @@ def count_sample(p: Pass, c: CanaryStatus) -> bool:
         f"analyses (failureLimit {limit}): {describe_sample(sample, p.spec)}",
     )
     return True
+
+
+def _all_steps(c: CanaryStatus, n: int) -> str:
+    unproven = c.steps_without_evidence or []
+    if not unproven:
+        return f"all {n} steps passed analysis"
+    which = ", ".join(str(i + 1) for i in unproven)
+    return (f"all {n} steps ended, step(s) {which} for lack of evidence: no conclusive analysis within "
+            "maxInconclusiveDuration (onInconclusive Promote)")
 
 
 def promote(p: Pass, canary: RevisionStatus, why: str) -> None:

@@ -78,7 +78,8 @@ def summarize(p: Pass) -> None:
     if failed is not None:
         phase = "Failed" if failed.reason == "WeightsFailed" or not serving else "RolledBack"
     elif canary is not None:
-        phase = "Canary" if canary.weights_ready else "WeightsPending"
+        phase = "Paused" if st.canary is not None and st.canary.paused else (
+            "Canary" if canary.weights_ready else "WeightsPending")
     elif serving and stable is not None and stable.name == target:
         phase = "Promoted" if p.promoted or p.previous_phase == "Promoted" else "Ready"
     elif pending is not None and not pending.weights_ready:
@@ -140,6 +141,9 @@ def _progressing(p: Pass, failed: FailedRevision | None, canary: RevisionStatus 
             f"revision {target} failed and is not retried until the spec changes or retry is asked"
         )
     if canary is not None and p.st.canary is not None:
+        pause = p.st.canary.paused
+        if pause is not None:  # held until someone acts: not progressing, not failed either
+            return "Progressing", "False", pause.reason, pause.message
         return "Progressing", "True", *_canary_progress(p.spec, canary, p.st.canary)
     if stable is not None and stable.name == target and serving:
         return "Progressing", "False", "RolloutComplete", f"revision {target} is stable"

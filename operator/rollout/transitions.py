@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from folio.operator.rollout import inconclusive
 from folio.operator.rollout.conditions import describe_sample
 from folio.operator.rollout.state import Pass
 from folio.operator.spec import (
@@ -54,6 +55,8 @@ def retry(p: Pass) -> None:
         return
     p.done.add("retry")
     if p.failed(p.target) is None:
+        if p.st.canary_revision == p.target and inconclusive.resume(p):
+            return  # a paused canary analyses its step afresh
         p.event("Warning", "NothingToRetry", f"revision {p.target} has not failed; retry ignored")
         return
     p.st.failed_revisions = [f for f in p.st.failed_revisions if f.revision != p.target]
@@ -149,7 +152,8 @@ def fail(p: Pass, rev: RevisionStatus, reason: str, message: str) -> None:
     rev.role, rev.retire_at, rev.ready_replicas = "Failed", None, 0  # the plan runs nothing for it
     evidence = None
     if rev.name == p.st.canary_revision:
-        evidence = p.st.canary.last_analysis if p.st.canary else None
+        last = p.st.canary.last_analysis if p.st.canary else None
+        evidence = last.model_copy(update={"accumulated": None}) if last else None  # the figures, not the counters
         p.st.canary_revision, p.st.canary = None, None
         if rev.name in p.served:
             message = f"{message}; traffic is back on stable revision {p.st.stable_revision}"
@@ -157,7 +161,8 @@ def fail(p: Pass, rev: RevisionStatus, reason: str, message: str) -> None:
         p.st.stable_revision = None
     failed = FailedRevision(revision=rev.name, reason=reason, at=p.at, message=message, last_analysis=evidence)
     p.st.failed_revisions = [*p.st.failed_revisions, failed][-FAILED_HISTORY:]
-    p.event("Warning", "RolledBack" if reason in ("AnalysisFailed", "CrashLoopBackOff") else reason, message)
+    rolled_back = reason in ("AnalysisFailed", "CrashLoopBackOff", inconclusive.TOO_LONG)
+    p.event("Warning", "RolledBack" if rolled_back else reason, message)
 
 
 def figures(p: Pass) -> str:

@@ -18,9 +18,12 @@ def nothing_to_act_on(override: str, status: RolloutStatus | None, target: str |
     for it; None when there is something to act on. ``target``: the spec's revision (None: unknown)."""
     if override in ("promote", "abort") and (status is None or status.canary_revision is None):
         return f"no canary in progress: nothing to {override}"
-    if override == "retry" and target is not None and not any(
-            f.revision == target for f in (status.failed_revisions if status else [])):
-        return f"revision {target} has not failed: nothing to retry"
+    if override == "retry" and target is not None:
+        failed = any(f.revision == target for f in (status.failed_revisions if status else []))
+        paused = (status is not None and status.canary_revision == target and status.canary is not None
+                  and status.canary.paused is not None)  # retry analyses a paused canary's step afresh
+        if not failed and not paused:
+            return f"revision {target} has not failed: nothing to retry"
     return None
 
 

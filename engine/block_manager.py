@@ -129,11 +129,16 @@ class BlockManager:
         """Frees ``seq``'s blocks past those holding its first ``num_tokens`` tokens (the slots of refused
         proposals): blocks of this step, never registered, so they go back empty."""
         keep = self.blocks_needed(num_tokens)
-        while len(seq.block_table) > keep:
-            block = self.blocks[seq.block_table.pop()]
+        if len(seq.block_table) <= keep:
+            return
+        for block_id in seq.block_table[keep:]:
+            block = self.blocks[block_id]
             assert block.ref_count == 1 and block.key is None, "a trimmed block is the sequence's own and unregistered"
             block.ref_count = 0
-            self._free_empty.append(block.block_id)
+            self._free_empty.append(block_id)
+        # a new list, never the old one shortened: block tables' mirrors (`BlockTables`) take a table that is
+        # the same list as one that only grew
+        seq.block_table = seq.block_table[:keep]
 
     def check(self, seqs: Iterable[Sequence]) -> None:
         """Asserts the pool's invariants, given every sequence holding blocks (tests call it after steps):

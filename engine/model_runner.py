@@ -23,6 +23,7 @@ from folio.kernels.layout import allocate_kv_cache, kv_cache_block_bytes
 
 if TYPE_CHECKING:
     from folio.engine.cuda_graphs import DecodeGraphs, GraphFactory
+    from folio.engine.sequence import Sequence
 
 # Without the native kernel, CPU decode attention pads each sequence's keys to the longest in its batch;
 # splitting the decodes into a few buckets of similar length cuts that padding at the cost of more calls.
@@ -30,19 +31,41 @@ _MAX_DECODE_BUCKETS = 16
 _MIN_DECODE_BUCKET = 4
 
 
+@dataclass(frozen=True)
+class DraftRow:
+    """One position of a verify step (a sequence's last token, or a proposal after it) laid out as a decode
+    row of its own: the decode paths (the native kernel, the step graphs, the CUDA kernels) read its context
+    from the paged cache up to and including it, which holds the positions before it once the step's K/V
+    are written, as causal attention needs."""
+
+    item: ScheduledSeq  # the verifying sequence's
+    start: int  # its position
+    token: int
+    num_tokens: int = 1
+
+    @property
+    def seq(self) -> Sequence:
+        return self.item.seq
+
+
+Row = ScheduledSeq | DraftRow
+
+
 @dataclass
 class StepInputs:
     """One step's tokens laid out as the attention context expects (`folio.engine.layers.context`): the
-    prefill chunks, then the decodes by ascending context length (so length buckets are row ranges)."""
+    prefill chunks, then the decodes by ascending context length (so length buckets are row ranges), a verify
+    step's positions among them as `DraftRow`s."""
 
-    ordered: list[ScheduledSeq]
+    ordered: list[Row]
     num_prefill_tokens: int
+    sampling: list[ScheduledSeq] = field(default_factory=list)  # those that get tokens, in the layout's order
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # the cache slot of each token's K/V
-    context_lens: list[int] = field(default_factory=list)  # per sequence, this step's tokens included
+    context_lens: list[int] = field(default_factory=list)  # per row, this step's tokens included
     prefills: list[PrefillSegment] = field(default_factory=list)
-    # each sampling sequence's last row (and its proposals' rows after it), in the order of `sampling`
+    # each sampling sequence's last row (and, verifying, its proposals' rows), in the order of `sampling`
     logit_rows: list[int] = field(default_factory=list)
     lora_slots: list[int] = field(default_factory=list)  # each token's adapter slot (-1: base); [] for none
 
@@ -51,12 +74,13 @@ class StepInputs:
         return bool(self.lora_slots)
 
     @property
-    def decodes(self) -> list[ScheduledSeq]:
+    def decodes(self) -> list[Row]:
         return self.ordered[len(self.prefills) :]
 
     @property
-    def sampling(self) -> list[ScheduledSeq]:
-        return [item for item in self.ordered if item.samples]
+    def rows_in_order(self) -> bool:
+        """Whether the logit rows are every row, in order (the hidden states need no picking)."""
+        return self.logit_rows == list(range(len(self.input_ids)))
 
 
 def prepare_inputs(
@@ -64,18 +88,31 @@ def prepare_inputs(
 ) -> StepInputs:
     """The step's flat token batch, shared by the eager and the CUDA-graph paths; with ``lora`` (the engine
     serves adapters), each token's adapter slot where the step has an adapter token."""
-    prefills = [s for s in batch if s.num_tokens > 1]
-    decodes = sorted((s for s in batch if s.num_tokens == 1), key=lambda s: s.seq.num_computed_tokens)
-    inputs = StepInputs(prefills + decodes, num_prefill_tokens=sum(s.num_tokens for s in prefills))
+    prefills = [s for s in batch if s.num_tokens > 1 and not s.draft]
+    decodes: list[Row] = [s for s in batch if s.num_tokens == 1]
+    for s in batch:
+        if s.draft:
+            first = s.seq.num_computed_tokens
+            decodes += [DraftRow(s, first + j, t) for j, t in enumerate([s.seq.token_ids[first], *s.draft])]
+    decodes.sort(key=lambda r: r.start)
+    inputs = StepInputs([*prefills, *decodes], num_prefill_tokens=sum(s.num_tokens for s in prefills))
     bs = block_size
+    verify_rows: dict[int, list[int]] = {}  # a verifying item's rows, by id, in the order of its positions
     for item in inputs.ordered:
-        seq, start = item.seq, item.seq.num_computed_tokens
+        seq, start = item.seq, item.start
         end = start + item.num_tokens
         row = len(inputs.input_ids)
         table = seq.block_table
-        inputs.input_ids.extend(seq.token_ids[start:end])
-        if item.draft:  # the proposals after the sequence's last token, verified at their positions
-            inputs.input_ids.extend(item.draft)
+        if isinstance(item, DraftRow):
+            inputs.input_ids.append(item.token)
+            rows = verify_rows.setdefault(id(item.item), [])
+            if not rows:  # it samples from its first row's place in the layout on
+                inputs.sampling.append(item.item)
+            rows.append(row)
+        else:
+            inputs.input_ids.extend(seq.token_ids[start:end])
+            if item.samples:
+                inputs.sampling.append(item)
         inputs.positions.extend(range(start, end))
         inputs.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
         inputs.context_lens.append(end)
@@ -84,8 +121,10 @@ def prepare_inputs(
             if start > 0:
                 blocks = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device)
             inputs.prefills.append(PrefillSegment(row, row + item.num_tokens, end, blocks))
-        if item.samples:  # its last token's row, and each proposal's
-            inputs.logit_rows.extend(range(row + item.num_tokens - 1 - len(item.draft), row + item.num_tokens))
+    row_ends = list(itertools.accumulate(item.num_tokens for item in inputs.ordered))
+    where = {id(item): end - 1 for item, end in zip(inputs.ordered, row_ends, strict=True)}
+    for item in inputs.sampling:  # its last token's row (verifying: then each proposal's, rows sorted by position)
+        inputs.logit_rows += verify_rows[id(item)] if item.draft else [where[id(item)]]
     if lora and any(item.seq.lora_slot >= 0 for item in inputs.ordered):
         inputs.lora_slots = [item.seq.lora_slot for item in inputs.ordered for _ in range(item.num_tokens)]
     return inputs
@@ -175,7 +214,7 @@ class ModelRunner:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
         inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora)
         self.sampler.prepare([s.seq for s in inputs.sampling], self.model.config.vocab_size)  # beside the forward
-        if self._fits_decode_graphs(batch):
+        if self._fits_decode_graphs(inputs):
             return self._graph_decode_step(inputs)
         decodes = inputs.decodes
         ctx = AttentionContext(
@@ -329,13 +368,10 @@ class ModelRunner:
             lora=self.lora,
         )
 
-    def _fits_decode_graphs(self, batch: list[ScheduledSeq]) -> bool:
+    def _fits_decode_graphs(self, inputs: StepInputs) -> bool:
+        """A step of single-token rows only (decodes, verify positions) that the graphs are captured for."""
         graphs = self.decode_graphs
-        return (
-            graphs is not None
-            and 0 < len(batch) <= graphs.max_batch_size
-            and all(item.num_tokens == 1 for item in batch)
-        )
+        return graphs is not None and not inputs.prefills and 0 < len(inputs.ordered) <= graphs.max_batch_size
 
     def _graph_decode_step(self, inputs: StepInputs) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """A decode-only step through the captured graphs; logits and sampling run eagerly after them."""
@@ -351,10 +387,10 @@ class ModelRunner:
         self.block_tables.sent()  # run() copied the pinned tables without blocking
         if prompt_logits.wanted(inputs):  # a one-token prefill chunk
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
-        rows = inputs.logit_rows  # one row per decode: the rows of those that sample
+        rows = inputs.logit_rows  # the rows of those that sample (several per verifying sequence)
         if not rows:  # a one-token prefill chunk that is not the prompt's last
             return [], None
-        if len(rows) < len(inputs.ordered):
+        if not inputs.rows_in_order:
             hidden = hidden[torch.tensor(rows, device=self.device)]
         return self._sample(hidden, inputs.sampling)
 

@@ -121,7 +121,7 @@ def collect(
     ``hidden`` has one row per token of ``inputs``, in its order; ``noise`` is the logit-noise fault."""
     row = 0
     for item in inputs.ordered:
-        seq, start = item.seq, item.seq.num_computed_tokens
+        seq, start = item.seq, item.start
         first_row, row = row, row + item.num_tokens
         collector = getattr(seq, "prompt_logits", None)
         if collector is None or collector.complete:

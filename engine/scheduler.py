@@ -62,6 +62,11 @@ class ScheduledSeq:
     draft: list[int] = field(default_factory=list)  # proposed tokens after the sequence's last, to verify
 
     @property
+    def start(self) -> int:
+        """The position of its first token in this step."""
+        return self.seq.num_computed_tokens
+
+    @property
     def samples(self) -> bool:
         """Whether this step reaches the sequence's last token, so a new token is sampled."""
         return self.seq.num_computed_tokens + self.num_tokens == len(self.seq) + len(self.draft)

@@ -193,6 +193,25 @@ def test_trimming_returns_a_refused_proposals_blocks() -> None:
     bm.check([seq])
 
 
+def test_a_trimmed_table_is_read_afresh_by_the_block_tables_mirror() -> None:
+    """Verify positions read the paged cache through the mirrored block tables: a table trimmed and grown
+    again with another block must not be read as the old one."""
+    from folio.engine.block_tables import BlockTables
+    from folio.engine.scheduler import ScheduledSeq
+
+    bm, tables = BlockManager(num_blocks=8, block_size=4), BlockTables(4, torch.device("cpu"))
+    seq = _seq(list(range(10)))
+    assert bm.allocate(seq, 10)
+    seq.num_computed_tokens = 9
+    assert bm.allocate(seq, 5)
+    assert tables.host([ScheduledSeq(seq, 5)], [14])[0].tolist() == seq.block_table
+    trimmed = seq.block_table[3]
+    bm.trim(seq, 11)
+    assert bm.allocate(_seq([1]), 4) and bm.allocate(seq, 5)  # another block now at index 3
+    assert seq.block_table[3] != trimmed
+    assert tables.host([ScheduledSeq(seq, 5)], [14])[0].tolist() == seq.block_table
+
+
 # --- configuration ------------------------------------------------------------------------------------------
 
 

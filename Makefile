@@ -90,6 +90,8 @@ crd: link
 	$(VENV)/bin/folio crd > crds/serving.folio.dev_inferenceservices.yaml
 	# the chart renders its copy (templates/crd.yaml adds the keep policy); tests/chart checks they match
 	cp crds/serving.folio.dev_inferenceservices.yaml charts/folio/files/crd.yaml
+	$(VENV)/bin/folio crd --kind RolloutPolicy > crds/serving.folio.dev_rolloutpolicies.yaml
+	cp crds/serving.folio.dev_rolloutpolicies.yaml charts/folio/files/crd-rolloutpolicies.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

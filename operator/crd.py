@@ -1,4 +1,5 @@
-"""`folio crd`: the InferenceService CustomResourceDefinition, generated from the pydantic models.
+"""`folio crd`: the InferenceService CustomResourceDefinition (and, with ``--kind RolloutPolicy``, the
+RolloutPolicy's), generated from the pydantic models.
 
 Pydantic's JSON Schema is close to what Kubernetes wants but not quite: a CRD schema must be
 *structural* (every node typed, no `$ref`, no `type` inside `anyOf`, `additionalProperties`
@@ -18,6 +19,14 @@ from typing import Any
 
 import yaml
 
+from folio.operator.fleet.model import (
+    POLICY_KIND,
+    POLICY_PLURAL,
+    POLICY_SHORT_NAMES,
+    POLICY_SINGULAR,
+    RolloutPolicySpec,
+    RolloutPolicyStatus,
+)
 from folio.operator.spec import (
     DIGEST_SCHEMES,
     GROUP,
@@ -292,16 +301,85 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-def render() -> str:
-    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+POLICY_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Wave", "type": "string", "jsonPath": ".status.wave"},
+    {"name": "Halted", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Halted")].status'},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Halted")].reason',
+     "priority": 1},
+]
+
+
+def build_policy_crd() -> dict[str, Any]:
+    """The RolloutPolicy CRD (`folio.operator.fleet.model`): same rewriting, same layout as the InferenceService's."""
+    spec = _model_schema(RolloutPolicySpec, ("policy-spec",), defaults=True)
+    status = _model_schema(RolloutPolicyStatus, ("policy-status",), defaults=False)
+    status["properties"]["conditions"].update(EXTRAS[("status", "conditions")])
+    # the API server refuses two waves with one label
+    spec["properties"]["waves"].update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["label"]})
+    spec["description"] = "Which InferenceServices of the namespace it governs and how their canaries are sequenced."
+    status["description"] = "Observed state, written by the operator."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{POLICY_PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": POLICY_KIND,
+                "listKind": f"{POLICY_KIND}List",
+                "plural": POLICY_PLURAL,
+                "singular": POLICY_SINGULAR,
+                "shortNames": list(POLICY_SHORT_NAMES),
+                "categories": ["folio"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": POLICY_PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "Fleet rollouts: the canaries of many InferenceServices in waves, "
+                            "at most maxConcurrent at once, halted by a failure budget.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+# `folio crd --kind K`: the CRDs generated here, each with its file under crds/ (`make crd` writes them all).
+CRDS: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
+    KIND: (build_crd, f"{GROUP}_{PLURAL}.yaml"),
+    POLICY_KIND: (build_policy_crd, f"{GROUP}_{POLICY_PLURAL}.yaml"),
+}
+
+
+def render(kind: str = KIND) -> str:
+    return HEADER + yaml.safe_dump(CRDS[kind][0](), sort_keys=False, width=120)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    parser.add_argument("--kind", default=KIND, choices=list(CRDS), help=f"which CRD (default: {KIND})")
 
 
 def main(args: argparse.Namespace) -> int:
-    text = render()
+    text = render(args.kind)
     if args.output == "-":
         sys.stdout.write(text)
     else:

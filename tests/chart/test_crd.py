@@ -39,6 +39,21 @@ def test_crd_is_kept_on_uninstall_and_labelled(rendered: dict[str, list[h.Obj]])
     assert "namespace" not in crd["metadata"]
 
 
+POLICY_GENERATED = h.REPO / "crds" / "serving.folio.dev_rolloutpolicies.yaml"
+POLICY_COPY = h.CHART / "files" / "crd-rolloutpolicies.yaml"
+
+
+def test_the_rollout_policy_crd_is_shipped_too(rendered: dict[str, list[h.Obj]]) -> None:
+    assert POLICY_COPY.read_text() == POLICY_GENERATED.read_text(), "stale chart CRD: run `make crd`"
+    source = yaml.safe_load(POLICY_COPY.read_text())
+    crd = h.one(rendered["defaults"], "CustomResourceDefinition", "rolloutpolicies.serving.folio.dev")
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    crds = h.find(rendered["bring-your-own"], "CustomResourceDefinition")
+    assert "rolloutpolicies.serving.folio.dev" not in {c["metadata"]["name"] for c in crds}
+
+
 def test_crd_can_be_left_to_someone_else(rendered: dict[str, list[h.Obj]]) -> None:
     crds = h.find(rendered["bring-your-own"], "CustomResourceDefinition")
     assert "inferenceservices.serving.folio.dev" not in {c["metadata"]["name"] for c in crds}

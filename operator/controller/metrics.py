@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import contextlib
+
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
     "folio_operator_reconciles_total",
@@ -32,6 +34,33 @@ REVISIONS_FAILED = Counter(
     "Revisions the rollout failed (and rolled back when they had traffic), by failedRevisions[].reason.",
     ["namespace", "isvc", "reason"],
 )
+
+POLICY_SERVICES = Gauge(
+    "folio_rollout_policy_services",
+    "InferenceServices a RolloutPolicy governs, by their phase in its rollout (Idle, Pending, Admitted, Running, "
+    "Promoted, RolledBack, Conflict).",
+    ["namespace", "policy", "phase"],
+)
+POLICY_HALTED = Gauge(
+    "folio_rollout_policy_halted",
+    "1 while a RolloutPolicy is halted (its Halted condition is True: no new canary starts until it is resumed).",
+    ["namespace", "policy"],
+)
+SERVICE_PHASES = ("Idle", "Pending", "Admitted", "Running", "Promoted", "RolledBack", "Conflict")
+
+
+def set_policy(namespace: str, policy: str, phases: dict[str, int], halted: bool) -> None:
+    for phase in SERVICE_PHASES:
+        POLICY_SERVICES.labels(namespace, policy, phase).set(phases.get(phase, 0))
+    POLICY_HALTED.labels(namespace, policy).set(1 if halted else 0)
+
+
+def forget_policy(namespace: str, policy: str) -> None:
+    for phase in SERVICE_PHASES:
+        with contextlib.suppress(KeyError):
+            POLICY_SERVICES.remove(namespace, policy, phase)
+    with contextlib.suppress(KeyError):
+        POLICY_HALTED.remove(namespace, policy)
 
 
 def forget_isvc(namespace: str, name: str) -> None:

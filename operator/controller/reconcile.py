@@ -24,6 +24,7 @@ import kopf
 from folio.operator.controller import metrics
 from folio.operator.controller.children import Children, Expectations
 from folio.operator.controller.discovery import Discovery
+from folio.operator.controller.fleet import policies_in
 from folio.operator.controller.runtime import ClusterRuntime, Isvc, call
 from folio.operator.controller.watches import Watches
 from folio.operator.k8s.client import ApiError, Kube
@@ -84,6 +85,8 @@ class Context:
     # the validation rules of where specs run: a cluster's, with fault injection allowed by
     # `folio operator --allow-fault-injection` (`dataclasses.replace(CLUSTER, fault_injection=True)`)
     site: Site = CLUSTER
+    # each RolloutPolicy's clock wake-up (`controller.fleet`), set when a service of its namespace changes
+    policy_wakes: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     # one HTTP client for every pass's scrapes and parity gates: a client per pass costs a TLS context
     # (~40 ms of CPU), which at hundreds of services was most of an idle operator's work
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
@@ -167,7 +170,7 @@ async def _pass(ctx: Context, body: kopf.Body, memo: kopf.Memo, logger: logging.
     assert ctx.discovery is not None
     runtime = ClusterRuntime(ctx.kube, isvc, children, expect, ctx.plan_settings, ctx.discovery, ctx.replica_url,
                              body, logger, site=ctx.site, watches=ctx.watches, http=ctx.http,
-                             engine_url=ctx.engine_url)
+                             engine_url=ctx.engine_url, policies=policies_in(indexes, isvc.namespace))
     target = Target(isvc.name, isvc.obj.get("spec") or {}, isvc.generation,
                     InferenceServiceStatus.model_validate(isvc.status))
     memo["seen_version"] = None  # until the pass has ended: a failed one leaves the next to read afresh

@@ -33,6 +33,7 @@ from folio.operator.controller.observe import (
     router_metrics_urls,
 )
 from folio.operator.controller.watches import Watches
+from folio.operator.fleet.gate import PolicyRef, hold
 from folio.operator.k8s.client import ApiError, Kube, path
 from folio.operator.k8s.merge_patch import merge_diff
 from folio.operator.k8s.names import SCALED_OBJECT, component_labels, override_annotation, pod_engine_url
@@ -52,6 +53,7 @@ from folio.operator.spec import (
     InferenceServiceStatus,
     ParitySpec,
     now_iso,
+    revision_name,
 )
 
 T = TypeVar("T")
@@ -119,6 +121,7 @@ class ClusterRuntime:
     # the InferenceService's resourceVersion after this pass's own writes (None: it wrote nothing)
     written_version: str | None = None
     engine_url: Callable[[dict[str, Any]], str] = pod_engine_url  # an engine pod's API base URL (`Context.engine_url`)
+    policies: Sequence[PolicyRef] = ()  # the RolloutPolicies of its namespace (the index's): the fleet gate
 
     @property
     def keda(self) -> bool:
@@ -129,6 +132,9 @@ class ClusterRuntime:
 
     async def observe(self, spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime) -> Observed:
         observed = observe(self.children, self.isvc.name, spec, status, self.isvc.annotations, now)
+        held = hold(self.policies, self.isvc.name, self.isvc.meta.get("labels") or {}, revision_name(spec))
+        if held is not None:
+            observed = replace(observed, waiting=held.message)
         asked = asked_for(spec, self.settings)
         missing = await call(self.discovery.unavailable, asked)
         self.missing = tuple(missing)
@@ -141,7 +147,7 @@ class ClusterRuntime:
         if not unavailable:
             return observed
         return Observed(observed.now, observed.revisions, overrides=observed.overrides,
-                        unavailable=tuple(unavailable))
+                        unavailable=tuple(unavailable), waiting=observed.waiting)
 
     async def _access(self, spec: InferenceServiceSpec) -> tuple[str, str] | None:
         """What spec.access's Secret of API keys leaves wrong (read by name; its keys are never kept)."""

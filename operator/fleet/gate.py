@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from folio.operator.fleet.model import WAVE_LABEL, LabelSelector, RolloutPolicyStatus
 from folio.operator.fleet.policy import IN_FLIGHT
 
-WAITING = "WaitingForRolloutPolicy"  # the reason of Progressing=True while a revision waits
-
 
 @dataclass(frozen=True)
 class PolicyRef:

@@ -43,8 +43,7 @@ from folio.operator.fleet.model import (
     RolloutPolicyStatus,
     ServicePhase,
 )
-from folio.operator.rollout.conditions import set_condition
-from folio.operator.spec import ConditionStatus, now_iso, parse_time
+from folio.operator.spec import Condition, ConditionStatus, as_utc, now_iso, parse_time
 
 IN_FLIGHT: tuple[ServicePhase, ...] = ("Admitted", "Running")  # what counts against maxConcurrent
 NOT_DONE: tuple[ServicePhase, ...] = ("Pending", "Admitted", "Running")
@@ -87,6 +86,19 @@ class PolicyDecision:
     @property
     def admitted(self) -> frozenset[str]:
         return frozenset(s.name for s in self.status.services if s.phase == "Admitted")
+
+
+def set_condition(conditions: list[Condition], type_: str, status: ConditionStatus, reason: str, message: str, *,
+                  generation: int | None, now: datetime) -> list[Condition]:
+    """``conditions`` with ``type_`` set (Ready, then Halted); the transition time moves only on a status flip
+    (as `folio.operator.rollout.conditions.set_condition` does for an InferenceService's)."""
+    old = next((c for c in conditions if c.type == type_), None)
+    changed = old is None or old.status != status or old.last_transition_time is None
+    new = Condition(type=type_, status=status, reason=reason, message=message, observed_generation=generation,
+                    last_transition_time=now_iso(as_utc(now)) if changed or old is None else old.last_transition_time)
+    order = ("Ready", "Halted")
+    return sorted([*(c for c in conditions if c.type != type_), new],
+                  key=lambda c: (order.index(c.type) if c.type in order else len(order), c.type))
 
 
 def wave_index(spec: RolloutPolicySpec, labels: Mapping[str, str]) -> int:

@@ -45,6 +45,8 @@ INFERENCE_POOL: tuple[str, str] = ("inference.networking.k8s.io/v1", "InferenceP
 # The Gateway API route that splits a Gateway's traffic over those pools by status.traffic.
 HTTP_ROUTE: tuple[str, str] = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 SCALED_OBJECT: tuple[str, str] = ("keda.sh/v1alpha1", "ScaledObject")  # KEDA's, with spec.autoscaling.keda
+# Fleet rollouts (`folio.operator.fleet`): read and watched, its status written; never planned or pruned.
+ROLLOUT_POLICY: tuple[str, str] = (API_VERSION, "RolloutPolicy")
 
 # (apiVersion, kind) -> plural, for every kind Folio reads or writes.
 PLURALS: dict[tuple[str, str], str] = {
@@ -66,6 +68,7 @@ PLURALS: dict[tuple[str, str], str] = {
     HTTP_ROUTE: "httproutes",  # only with InferencePools and spec.router.gateway
     SCALED_OBJECT: "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
     (API_VERSION, KIND): PLURAL,
+    ROLLOUT_POLICY: "rolloutpolicies",
 }
 # Every kind the planner produces: the executor prunes exactly these, the operator indexes them.
 MANAGED_KINDS: tuple[tuple[str, str], ...] = (

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 CONDITION_ORDER = ("Ready", "Progressing", "Degraded", "WeightsReady")
 
 ConditionValue = tuple[str, ConditionStatus, str, str]  # type, status, reason, message
+# Progressing's reason while a RolloutPolicy holds the spec's new revision before its canary.
+WAITING_FOR_POLICY = "WaitingForRolloutPolicy"
 
 
 def set_condition(
@@ -140,6 +142,8 @@ def _progressing(p: Pass, failed: FailedRevision | None, canary: RevisionStatus 
         return "Progressing", "False", failed.reason, (
             f"revision {target} failed and is not retried until the spec changes or retry is asked"
         )
+    if p.waiting is not None and canary is None:
+        return "Progressing", "True", WAITING_FOR_POLICY, p.waiting
     if canary is not None and p.st.canary is not None:
         pause = p.st.canary.paused
         if pause is not None:  # held until someone acts: not progressing, not failed either
@@ -174,6 +178,9 @@ def _weights(p: Pass, failed: FailedRevision | None, pending: RevisionStatus | N
         return "WeightsReady", "True", "Verified", f"weights of revision {p.target} are verified"
     if failed is not None:
         return "WeightsReady", "False", "NotPulled", f"revision {p.target} failed before its weights were verified"
+    if p.waiting is not None and pending is None:
+        return "WeightsReady", "False", WAITING_FOR_POLICY, (
+            f"the weights of revision {p.target} are pulled once a RolloutPolicy admits its canary")
     facts = p.observed.revisions.get(p.target)
     detail = f": {facts.weights_message}" if facts and facts.weights_message else ""
     return "WeightsReady", "False", "Pulling", f"pre-pulling the weights of revision {p.target}{detail}"

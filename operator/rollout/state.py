@@ -45,6 +45,7 @@ class Pass:
         self.served = {t.revision for t in status.traffic if t.weight > 0}
         self.previous_phase = status.phase
         self.promoted = False
+        self.waiting: str | None = None  # a new revision held by a RolloutPolicy (`transitions.admit_target`)
 
     def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
         self.events.append(Event(type_, reason, message))

@@ -7,6 +7,8 @@
   ``abort`` override fail a revision: it is listed in ``failedRevisions`` with the figures and not
   started again until the spec names another revision or ``retry`` is asked.
 - A replaced stable revision is Retiring for ``drainPeriod`` (at weight 0), then dropped.
+- A revision that would become the canary waits while ``observed.waiting`` says a RolloutPolicy holds it
+  (Progressing=True, reason WaitingForRolloutPolicy); a canary already running is not affected.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def admit_target(p: Pass) -> None:
         return
     if not p.stable_serves() and p.st.stable_revision not in p.served:
         _replace_idle_stable(p)
+        return
+    if p.observed.waiting is not None:  # a RolloutPolicy has not admitted it: stable (and any canary) go on
+        p.waiting = p.observed.waiting
         return
     supersede_canary(p)
     p.take_target("Canary")

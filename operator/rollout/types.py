@@ -56,7 +56,8 @@ class Observed:
     ``revisions`` may omit a revision; its last known state in status is used then. ``analysis`` is
     the latest sample for the canary; one with an ``at`` already recorded in status is not counted
     twice, so callers may pass the same sample on every call. ``overrides`` holds the names of the
-    ``folio.dev/<name>`` annotations present (``promote``, ``abort``, ``retry``). ``unavailable`` holds
+    ``folio.dev/<name>`` annotations present (``promote``, ``abort``, ``retry``). ``waiting`` says why a
+    RolloutPolicy holds a new revision before its canary (None: nothing holds it). ``unavailable`` holds
     (reason, message) for each child the spec asks for whose kind the cluster does not serve (a CRD not
     installed): the service runs without it, with Degraded=True saying so.
     """
@@ -68,6 +69,9 @@ class Observed:
     overrides: frozenset[str] = frozenset()
     unavailable: tuple[tuple[str, str], ...] = ()
     adapters: Mapping[str, AdapterObserved] = field(default_factory=dict)  # by adapter name
+    # Why a new revision may not start its canary now (a RolloutPolicy holds it: `folio.operator.fleet.gate`);
+    # None: it may. The stable revision keeps serving while it waits.
+    waiting: str | None = None
 
 
 @dataclass

@@ -18,6 +18,9 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("serving.folio.dev", "inferenceservices"): frozenset({"get", "list", "watch", "patch"}),
     ("serving.folio.dev", "inferenceservices/status"): frozenset({"patch"}),
     ("serving.folio.dev", "inferenceservices/finalizers"): frozenset({"update"}),  # blockOwnerDeletion
+    # fleet rollouts: RolloutPolicies indexed and clocked by kopf (finalizer: patch), read by name, status written
+    ("serving.folio.dev", "rolloutpolicies"): frozenset({"get", "list", "watch", "patch"}),
+    ("serving.folio.dev", "rolloutpolicies/status"): frozenset({"patch"}),
     # the planner's objects: server-side apply (create through apply needs `create`), prune; indexed
     ("apps", "deployments"): frozenset({"list", "watch", "create", "patch", "delete"}),
     ("", "services"): frozenset({"list", "watch", "create", "patch", "delete"}),

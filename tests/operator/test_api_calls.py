@@ -45,6 +45,11 @@ NOT_CALLED: dict[Call, str] = {
     # held so that the operator may grant them: the routers' Role (spec.access) lists and watches its Secret
     ("", "secrets", "list"): "granted to the routers' Role; the API server asks the operator to hold it",
     ("", "secrets", "watch"): "granted to the routers' Role; the API server asks the operator to hold it",
+    # this lifecycle has no RolloutPolicy: kopf lists and watches the kind, a policy's clock does the rest
+    # (tests/operator/test_fleet.py)
+    ("serving.folio.dev", "rolloutpolicies", "get"): "a RolloutPolicy's clock only",
+    ("serving.folio.dev", "rolloutpolicies", "patch"): "a RolloutPolicy's finalizer (kopf) only",
+    ("serving.folio.dev", "rolloutpolicies/status", "patch"): "a RolloutPolicy's clock only",
     **{("keda.sh", "scaledobjects", verb): "spec.autoscaling.keda only: test_keda_calls_what_the_chart_grants"
        for verb in ALLOWED[("keda.sh", "scaledobjects")]},
 }

@@ -67,3 +67,22 @@ def test_retry_clears_only_the_spec_s_revision(at_step_one: Rollout) -> None:
     sim.tick(1, overrides=frozenset({"retry"}))
     assert [f.revision for f in sim.status.failed_revisions] == [other]
     assert sim.status.canary_revision == canary
+
+
+def test_a_revision_held_by_a_rollout_policy_waits_with_stable_serving() -> None:
+    """`Observed.waiting` (a RolloutPolicy's gate): no canary starts, stable keeps 100%, Progressing says why."""
+    from folio.operator.rollout import Observed, advance
+
+    sim = deployed()
+    stable = sim.rev
+    sim.apply(make_spec("b"))
+    held = Observed(now=sim.now, revisions=dict(sim.facts), waiting="revision b waits for RolloutPolicy fleet")
+    d = advance(sim.spec, sim.generation, sim.status, held)
+    assert d.status.canary_revision is None and d.status.stable_revision == stable
+    assert [(t.revision, t.weight) for t in d.status.traffic] == [(stable, 100)]
+    progressing = d.status.condition("Progressing")
+    assert progressing is not None and (progressing.status, progressing.reason) == ("True", "WaitingForRolloutPolicy")
+    assert "RolloutPolicy fleet" in progressing.message
+    sim.status = d.status
+    sim.tick(1)  # admitted: the canary starts
+    assert sim.status.canary_revision == sim.rev

@@ -117,6 +117,8 @@ def series() -> dict[str, set[str]]:
     operator_metrics.DURATION.labels(trigger="timer")
     operator_metrics.APPLIED.labels(kind="Deployment", action="created")
     operator_metrics.REVISIONS_FAILED.labels(namespace="models", isvc="chat", reason="AnalysisFailed")
-    found |= {name: labels | TARGET_LABELS
-              for name, labels in scraped(generate_latest(REGISTRY).decode()).items() if name.startswith("folio_operator_")}
+    operator_metrics.POLICY_SERVICES.labels(namespace="models", policy="fleet", phase="Running")
+    operator_metrics.POLICY_HALTED.labels(namespace="models", policy="fleet")
+    found |= {name: labels | TARGET_LABELS for name, labels in scraped(generate_latest(REGISTRY).decode()).items()
+              if name.startswith(("folio_operator_", "folio_rollout_policy_"))}
     return found

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from folio.operator.k8s.names import component_labels
 from folio.operator.local.cli_fleet import main as fleet_main
@@ -178,6 +179,15 @@ async def test_a_faulty_service_halts_the_fleet_and_resume_lets_it_proceed(
             assert "RolloutPolicy fleet" in progressing["message"], progressing
         p = await policy(cluster)
         assert sorted(p["status"]["pending"]) == list("cdef") and p["status"]["promoted"] == ["a"]
+
+        async def exported() -> bool:  # the operator's /metrics (its registry is this process's)
+            labels = {"namespace": NAMESPACE, "policy": "fleet"}
+            assert REGISTRY.get_sample_value("folio_rollout_policy_halted", labels) == 1
+            assert REGISTRY.get_sample_value("folio_rollout_policy_services", {**labels, "phase": "Pending"}) == 4
+            assert REGISTRY.get_sample_value("folio_rollout_policy_services", {**labels, "phase": "RolledBack"}) == 1
+            return True
+
+        await eventually(exported, what="folio_rollout_policy_halted and folio_rollout_policy_services")
 
         # `folio fleet status` and `folio fleet resume` against the emulator
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", str(cluster.server.url))))

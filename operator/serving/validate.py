@@ -248,7 +248,8 @@ _PATTERNS = {
     DURATION_RE.pattern: "a duration such as '30s', '2m', '1h30m' or '500ms'",
     QUANTITY_RE.pattern: "a quantity such as '20Gi'",
 }
-_UNION_TAGS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+_UNION_TAGS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+               "dict[str,any]": "an object (for a flag that takes JSON)"}
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _PATH_PREFIX = re.compile(r"^(spec(?:\.[A-Za-z0-9_]+)*)(?::\s*|\s+)(.*)$", re.S)
 

@@ -69,7 +69,8 @@ def test_schema_problems_name_each_field() -> None:
     assert model is None
     assert {str(p) for p in problems} == {
         "spec.replicas: Input should be greater than or equal to 0",
-        "spec.engine.args.x: Input should be one of: an integer, a number, true or false, a string (got a list)",
+        "spec.engine.args.x: Input should be one of: an integer, a number, true or false, a string, an object "
+        "(for a flag that takes JSON) (got a list)",
         "spec.rollout.steps: rollout step weights must strictly increase within 1-99, got [50, 20]",
         # the pattern is said in words: the regex (with its "[/?#]") is no message for a user
         "spec.overflow.url: must be an http:// or https:// URL with a host, got 'ftp://x'",

@@ -141,7 +141,11 @@ def engine_args() -> st.SearchStrategy[dict[str, Any]]:
     """spec.engine.args (the CRD keeps any): `folio serve`'s flags with values of their type and others."""
     table = engine_flags_table()
     typed = {"int": st.integers(-2, 70000), "float": st.floats(-1, 2, allow_nan=False), "bool": st.booleans(),
-             "switch": st.booleans(), "str": st.text(TEXT, max_size=6)}  # fmt: skip
+             "switch": st.booleans(), "str": st.text(TEXT, max_size=6),
+             # a flag taking JSON (--speculative-config): an object, good or not, or its text
+             "json": st.one_of(st.just({"method": "ngram", "num_speculative_tokens": 3}), st.text(TEXT, max_size=6),
+                               st.dictionaries(st.sampled_from(["method", "num_speculative_tokens", "model", "x"]),
+                                               SCALARS, max_size=3))}  # fmt: skip
 
     def value(key: str) -> st.SearchStrategy[Any]:
         flag = table.get(key)

@@ -14,7 +14,7 @@ import argparse
 import copy
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import yaml
@@ -258,45 +258,29 @@ def build_crd() -> dict[str, Any]:
     status = _model_schema(InferenceServiceStatus, ("status",), defaults=False)
     spec["description"] = "Desired state: the model to serve, how, and how new revisions roll out."
     status["description"] = "Observed state, written by the operator."
+    return _definition(KIND, PLURAL, SINGULAR, SHORT_NAMES, PRINTER_COLUMNS, spec, status, required=["spec"],
+                       description="An LLM served by Folio: pinned weights, canary rollouts, automatic rollback.")
+
+
+def _definition(kind: str, plural: str, singular: str, short_names: Iterable[str], columns: list[dict[str, Any]],
+                spec: Schema, status: Schema, *, description: str, required: list[str] | None = None) -> dict[str, Any]:
+    """A namespaced CRD of the group, one served and stored version with a status subresource."""
+    root: dict[str, Any] = {"type": "object", "description": description}
+    if required:
+        root["required"] = required
+    root["properties"] = {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                          "metadata": {"type": "object"}, "spec": spec, "status": status}  # fmt: skip
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["folio"],
-            },
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": singular,
+                      "shortNames": list(short_names), "categories": ["folio"]},
             "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "An LLM served by Folio: pinned weights, canary rollouts, "
-                            "automatic rollback.",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                        }
-                    },
-                }
-            ],
+            "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
+                          "additionalPrinterColumns": columns, "schema": {"openAPIV3Schema": root}}],
         },
     }
 
@@ -320,46 +304,9 @@ def build_policy_crd() -> dict[str, Any]:
     spec["properties"]["waves"].update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["label"]})
     spec["description"] = "Which InferenceServices of the namespace it governs and how their canaries are sequenced."
     status["description"] = "Observed state, written by the operator."
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{POLICY_PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": POLICY_KIND,
-                "listKind": f"{POLICY_KIND}List",
-                "plural": POLICY_PLURAL,
-                "singular": POLICY_SINGULAR,
-                "shortNames": list(POLICY_SHORT_NAMES),
-                "categories": ["folio"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": POLICY_PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "Fleet rollouts: the canaries of many InferenceServices in waves, "
-                            "at most maxConcurrent at once, halted by a failure budget.",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _definition(POLICY_KIND, POLICY_PLURAL, POLICY_SINGULAR, POLICY_SHORT_NAMES, POLICY_PRINTER_COLUMNS,
+                       spec, status, description="Fleet rollouts: the canaries of many InferenceServices in waves, "
+                       "at most maxConcurrent at once, halted by a failure budget.")  # fmt: skip
 
 
 # `folio crd --kind K`: the CRDs generated here, each with its file under crds/ (`make crd` writes them all).

@@ -248,8 +248,9 @@ def rev_of(manifest: dict[str, Any]) -> str:
     return revision_name(InferenceServiceSpec.model_validate(manifest["spec"]))
 
 
-def condition(isvc: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in isvc.get("status", {}).get("conditions", []) if c["type"] == type_)
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    """The condition of that type, or {} while there is none yet."""
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 async def bring_up(cluster: Cluster, manifest: dict[str, Any]) -> str:
@@ -397,6 +398,19 @@ class Background:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+class _Work(Background):
+    def __init__(self, work: Callable[[], Awaitable[None]]) -> None:
+        self._work = work
+
+    async def _run(self) -> None:
+        await self._work()
+
+
+def in_background(work: Callable[[], Awaitable[None]]) -> Background:
+    """``async with`` it: ``work()`` (a load loop, say) goes on as a task while inside."""
+    return _Work(work)
 
 
 # --------------------------------------------------------------------- a fleet (tests/operator/test_scale.py, bench/scale.py)

@@ -24,6 +24,7 @@ from tests.operator.harness import (
     Background,
     Cluster,
     eventually,
+    in_background,
     isvc_manifest,
     rev_of,
     running_operator,
@@ -200,13 +201,8 @@ async def serving_load(router: RouterMetrics, revision: str) -> AsyncIterator[No
             router.first_byte(revision, 0.005)
             await asyncio.sleep(0.1)
 
-    task = asyncio.create_task(serve())
-    try:
+    async with in_background(serve):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _is(weights: Any, expected: dict[str, int]) -> bool:

@@ -28,7 +28,9 @@ from tests.operator.harness import (
     ApiServer,
     Background,
     Cluster,
+    condition,
     eventually,
+    in_background,
     isvc_manifest,
     rev_of,
     running_operator,
@@ -88,7 +90,7 @@ async def routers(cluster: Cluster, old: dict[str, str], new: dict[str, str]) ->
     rendered: list[bytes] = [b""]  # what every scrape gets: rendered by the load loop, not once per scrape
 
     def render() -> bytes:
-        return b"".join(m.render() if isinstance(m.render(), bytes) else m.render().encode() for m in metrics.values())
+        return b"".join(m.render() for m in metrics.values())
 
     cluster.server["get /metrics"] << (lambda: rendered[0])
     port = cluster.server.url.port
@@ -111,18 +113,10 @@ async def routers(cluster: Cluster, old: dict[str, str], new: dict[str, str]) ->
             rendered[0] = render()
             await asyncio.sleep(0.25)
 
-    task = asyncio.create_task(serve())
-    try:
+    async with in_background(serve):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    """The condition, or {} while there is none yet."""
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 async def policy(cluster: Cluster) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from tests.operator.harness import (
     Cluster,
     condition,
     eventually,
+    in_background,
     isvc_manifest,
     running_operator,
     serve_first_revision,
@@ -45,13 +46,8 @@ async def trickle(router: RouterMetrics, revision: str, every_s: float) -> Async
             router.attempt_finished(revision, "200", 0.01)
             router.first_byte(revision, 0.005)
 
-    task = asyncio.create_task(serve())
-    try:
+    async with in_background(serve):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_quiet_canary_is_promoted_on_its_accumulated_requests(cluster: Cluster) -> None:

@@ -30,8 +30,6 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
         where = span or "the interval"
         reasons.append(f"only {requests} canary requests in {where} (minRequests {spec.min_requests})")
     else:
-        if span:
-            reasons.append(f"judged on {span} (no single interval had minRequests {spec.min_requests})")
         failures = []
         if rate > spec.max_error_rate:
             failures.append(
@@ -64,6 +62,8 @@ def judge(figures: Figures, spec: AnalysisSpec, now: datetime, notes: Sequence[s
             )
         verdict = "Fail" if failures else "Pass"
         reasons += failures or ["error rate, timeout rate, latency and time to first token within limits"]
+        if span:  # after the figures' reasons: a rollback's message leads with what broke
+            reasons.append(f"judged on {span} (no single interval had minRequests {spec.min_requests})")
     return AnalysisSample(
         at=now_iso(as_utc(now)),
         requests=requests,

@@ -107,14 +107,35 @@ def delta(current: Snapshot, previous: Snapshot) -> Snapshot:
 
 
 def merge(windows: Iterable[Snapshot]) -> Snapshot:
-    """Sum the windows of several router pods."""
+    """Sum the windows of several router pods, or a grown window's counters and the next interval's."""
     out: Snapshot = defaultdict(RevisionWindow)
     for snap in windows:
         for name, w in snap.items():
-            for src, dst in zip(_parts(w), _parts(out[name]), strict=True):
-                for key, value in src.items():
-                    dst[key] = dst.get(key, 0.0) + value
+            acc = out[name]
+            for key, value in w.codes.items():
+                acc.codes[key] = acc.codes.get(key, 0.0) + value
+            for key, value in w.shadow.items():
+                acc.shadow[key] = acc.shadow.get(key, 0.0) + value
+            acc.duration = add_buckets(acc.duration, w.duration)
+            acc.ttft = add_buckets(acc.ttft, w.ttft)
     return dict(out)
+
+
+def add_buckets(a: Buckets, b: Buckets) -> Buckets:
+    """The sum of two cumulative histograms that may not name the same bounds (status keeps a trimmed one).
+
+    A cumulative histogram is a step function of the bound: at a bound it does not name it counts what its
+    largest named bound below holds (nothing below its first). Adding key by key instead would leave a
+    bound only one side names without the other's observations below it, and a quantile would land in ``+Inf``.
+    """
+    if not a or not b:
+        return dict(a or b)
+    return {le: _at(a, le) + _at(b, le) for le in sorted({*a, *b})}
+
+
+def _at(buckets: Buckets, le: float) -> float:
+    below = [bound for bound in buckets if bound <= le]
+    return buckets[max(below)] if below else 0.0
 
 
 def histogram_quantile(q: float, buckets: Buckets) -> float | None:

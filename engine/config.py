@@ -103,11 +103,8 @@ class EngineConfig:
                 self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
             except SpeculativeConfigError as exc:
                 raise bad("speculative_config", f"vLLM's speculative JSON ({exc})") from None
-        if self.speculative_config is not None:
-            if self.speculative_config.method != "ngram":
-                raise bad("speculative_config", "method ngram (a draft model is not supported yet)")
-            if self.tensor_parallel_size > 1:
-                raise bad("speculative_config", "unset with tensor parallelism (not supported together yet)")
+        if self.speculative_config is not None and self.tensor_parallel_size > 1:
+            raise bad("speculative_config", "unset with tensor parallelism (not supported together yet)")
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -28,6 +28,18 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def shutdown(self) -> None:
+        """Release what the engine holds beyond memory: tensor-parallel ranks and their process group (so that
+        another parallel engine can start in this process), the grammar compiler's threads. `del llm`, the
+        end of a ``with LLM(...) as llm:`` block and the interpreter's exit do it too."""
+        self.llm_engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq, Scheduler
 from folio.engine.sequence import Sequence
 from folio.engine.server.openai_errors import ErrorCode
+from folio.engine.spec_decode.draft_model import DraftModel
 from folio.engine.spec_decode.speculator import Speculator
 from folio.engine.structured.compiler import BACKENDS, GrammarCompiler
 from folio.engine.tokenizer.detokenizer import IncrementalDetokenizer
@@ -69,7 +71,12 @@ def eager_only(config: EngineConfig, device: torch.device) -> bool:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._grammars: GrammarCompiler | None = None  # first (before anything can fail): close() reads it
+        self._grammars: GrammarCompiler | None = None
+        # what close() releases (the tensor-parallel ranks and their process group, the grammar threads): also
+        # when the engine is collected (`del llm`) or the interpreter exits, so that another engine can start
+        self._closers: list[Callable[[], None]] = []
+        self._finalizer = weakref.finalize(self, _close_all, self._closers)  # never a reference to self
+        self.draft: DraftModel | None = None  # a draft model's (speculative decoding), loaded with the target
         self._grammars_lock = threading.Lock()
         self.device = _resolve_device(config.device)
         model_config, declared_dtype = load_model_config(config.model)
@@ -81,6 +88,7 @@ class LLMEngine:
         self._lora_tracker: tp_lora.SlotTracker | None = None
         if config.tensor_parallel_size > 1:
             self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
+            self._closers.append(self.parallel.close)
             self.device = self.parallel.device
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # as the other ranks do: NCCL and graphs use the current device
@@ -96,7 +104,13 @@ class LLMEngine:
             rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
             self.lora_slots = self._start_lora(model, model_config)  # before the KV cache takes what is left
             budget = step_token_budget(config, model_config)
+            spec = config.speculative
+            self.draft = None if spec is None or spec.model is None else DraftModel.load(
+                spec.model, model_config, self.tokenizer, self.dtype, self.device)  # before the cache is sized
             self.runner, num_blocks = self._start_runner(model, rank_config, budget)
+            if self.draft is not None:
+                self.draft.start(num_blocks, config.block_size, config.seed, max_num_seqs=config.max_num_seqs,
+                                 max_step_tokens=budget, enforce_eager=self.eager)  # fmt: skip
             self.runner.logit_noise = LogitNoise.create(config.fault_logit_noise, config.seed, self.device)
             warm_up_kernels(self.runner, model_config.max_model_len)
             if self.parallel:
@@ -111,7 +125,7 @@ class LLMEngine:
 
         bs = config.block_size
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
-        speculator = Speculator(config.speculative) if config.speculative is not None else None
+        speculator = Speculator(config.speculative, self.draft) if config.speculative is not None else None
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill, self.lora_slots,
             speculator,
@@ -217,6 +231,8 @@ class LLMEngine:
 
     def _num_kv_blocks(self, cfg: ModelConfig, budget: float) -> int:
         per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
+        if self.draft is not None:  # the draft's cache holds as many tokens: each block pays for both
+            per_block += self.draft.block_bytes(self.config.block_size)
         num_blocks = int(budget // per_block)
         # more blocks than every sequence at full length could use would only waste memory
         useful = self.config.max_num_seqs * -(-cfg.max_model_len // self.config.block_size)
@@ -369,6 +385,7 @@ class LLMEngine:
             if self._grammars is None:
                 backend = BACKENDS[self.config.structured_outputs_backend]
                 self._grammars = backend(self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids))
+                self._closers.append(self._grammars.close)
             return self._grammars
 
     def _grammar_for(self, params: SamplingParams) -> Any | None:
@@ -445,11 +462,14 @@ class LLMEngine:
         return [seq.take_output() for seq in [*failed, *updated]]
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do without tensor parallelism)."""
-        if self._grammars is not None:
-            self._grammars.close()
-        if self.parallel is not None:
-            self.parallel.close()
+        """Stop the other tensor-parallel ranks and tear their process group down, and the grammar compiler's
+        threads; once (later calls do nothing). A collected engine does it on its own."""
+        self._finalizer()
+
+
+def _close_all(closers: list[Callable[[], None]]) -> None:
+    for close in reversed(closers):
+        close()
 
 
 def _check_resume(resume: Replay) -> None:

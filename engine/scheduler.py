@@ -24,7 +24,8 @@ adapter (so one removed before it runs is kept for it) and holds its slot refere
 it finishes, through preemption too. An adapter whose files fail to load fails its sequence alone (`take_failed`).
 
 With speculative decoding (`folio.engine.spec_decode`), a decoding sequence may carry a draft: tokens
-proposed after its last one (`Speculator.draft`), computed in the same step at their positions and verified
+proposed after its last one (`Speculator.plan`, for the step's decoding sequences together, before anything is
+scheduled; `Speculator.draft` as each is), computed in the same step at their positions and verified
 there. A draft never costs anyone else their place: with too few free blocks it is dropped before anything
 is preempted. `postprocess` appends the proposals the target kept and its own next token, each through the
 stop checks, counts the kept ones computed, and gives back the blocks of the refused ones (`trim`).
@@ -171,9 +172,13 @@ class Scheduler:
         return scheduled
 
     def _draft_budget(self) -> int:
+        """Plans this step's proposals (`Speculator.plan`); returns how many tokens they may take in all."""
         if self.speculator is None:
             return 0
-        return self.speculator.step_budget(sum(1 for seq in self.running if seq.num_uncomputed_tokens == 1))
+        decoding = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
+        budget = min(self.speculator.step_budget(len(decoding)), self.max_num_batched_tokens - len(decoding))
+        self.speculator.plan(decoding, budget)
+        return budget
 
     def _draft(self, seq: Sequence, room: int) -> list[int]:
         return self.speculator.draft(seq, room) if self.speculator is not None and room > 0 else []
@@ -229,6 +234,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if self.speculator is not None:  # (a draft model's cache holds nothing for it while it waits)
+            self.speculator.forget(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         # back at the head of its priority's part of the queue: its turn is now, so turns stay in order

@@ -13,15 +13,22 @@ speculation from costing more than it gains:
   free and proposals go on; once it is compute-bound (a large batch; a CPU soon) a row costs what a token
   is worth and they stop.
 
-It also keeps the counters of vLLM's ``vllm:spec_decode_*`` metrics (`SpecDecodeStats`).
+Proposing itself costs time too (a draft model runs K steps of its own): the step budget counts the time
+the last proposals took (an average) as part of the longer step.
+
+The scheduler asks once per step (`plan`, for every decoding sequence together: a draft model proposes for
+all of them in one batch), then takes each sequence's proposals as it schedules it (`draft`). It also keeps
+the counters of vLLM's ``vllm:spec_decode_*`` metrics (`SpecDecodeStats`).
 """
 
 from __future__ import annotations
 
 import bisect
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from folio.engine.sequence import Sequence
 from folio.engine.spec_decode.config import SpeculativeConfig
@@ -99,16 +106,42 @@ class StepCosts:
         return max(0.0, ta + (tb - ta) * (rows - a) / (b - a))
 
 
-class Speculator:
+class Proposer(Protocol):
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """Up to ``ks[i]`` tokens to verify after ``seqs[i]``'s last ([] where it has none)."""
+        ...
+
+    def forget(self, seq: Sequence) -> None: ...
+
+
+class PromptLookup:
+    """The ``ngram`` method's proposer over sequences (`NgramProposer` looks up one context)."""
+
     def __init__(self, config: SpeculativeConfig) -> None:
-        if config.method != "ngram":
-            raise ValueError(f"speculative method {config.method!r} is not available")
+        self.ngram = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [self.ngram.propose(seq.token_ids, k) for seq, k in zip(seqs, ks, strict=True)]
+
+    def forget(self, seq: Sequence) -> None:
+        pass
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
+        """``proposer``: the draft model's (`DraftModel`); prompt lookup's for the ``ngram`` method."""
+        if proposer is None:
+            if config.method != "ngram":
+                raise ValueError(f"speculative method {config.method!r} needs its proposer")
+            proposer = PromptLookup(config)
         self.k = config.num_speculative_tokens
-        self.proposer = NgramProposer(self.k, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer = proposer
         self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k)
         self.costs = StepCosts()
         self.acceptance = 0.5  # proposals kept lately, of those verified (an average over verify steps)
+        self.proposing_seconds = 0.0  # what proposing took lately, per step that proposed (an average)
         self._records: dict[int, _Record] = {}  # by id(sequence), while it runs
+        self._planned: dict[int, list[int]] = {}  # this step's proposals, by id(sequence)
 
     def step_budget(self, num_decodes: int) -> int:
         """Proposed tokens a step of ``num_decodes`` decoding sequences may verify: the most that still raise
@@ -123,7 +156,7 @@ class Speculator:
             cost = self.costs.cost(num_decodes + extra)
             if cost is None:
                 return most
-            if (num_decodes + self.acceptance * extra) * base > num_decodes * cost:
+            if (num_decodes + self.acceptance * extra) * base > num_decodes * (cost + self.proposing_seconds):
                 best = extra
         return best
 
@@ -131,20 +164,42 @@ class Speculator:
         """A decode step of ``rows`` single-token rows (verify positions included) took ``seconds``."""
         self.costs.record(rows, seconds)
 
+    def plan(self, seqs: list[Sequence], budget: int) -> None:
+        """This step's proposals for its decoding sequences ``seqs`` (in the order they are scheduled), at most
+        ``budget`` tokens in all; `draft` hands them out."""
+        self._planned.clear()
+        wanted: list[tuple[Sequence, int]] = []
+        for seq in seqs:
+            k = min(budget, self._wanted(seq))
+            if k > 0:
+                wanted.append((seq, k))
+                budget -= k
+        if not wanted:
+            return
+        started = time.perf_counter()
+        proposals = self.proposer.propose([seq for seq, _ in wanted], [k for _, k in wanted])
+        self.proposing_seconds = 0.8 * self.proposing_seconds + 0.2 * (time.perf_counter() - started)
+        for (seq, _), proposed in zip(wanted, proposals, strict=True):
+            if proposed:
+                self._planned[id(seq)] = proposed
+
     def draft(self, seq: Sequence, room: int) -> list[int]:
-        """Tokens to verify after ``seq``'s last one, at most ``room``; [] where it should not speculate."""
-        if room <= 0 or not _may_speculate(seq):
-            return []
+        """The tokens `plan` proposed after ``seq``'s last one, at most ``room``."""
+        return self._planned.pop(id(seq), [])[: max(room, 0)]
+
+    def _wanted(self, seq: Sequence) -> int:
+        """How many tokens ``seq`` proposes this step (0: none; its record's pause counts down)."""
+        if not _may_speculate(seq):
+            return 0
         record = self._records.get(id(seq))
         if record is None:
             record = self._records[id(seq)] = _Record(kept=float(self.k))
         if record.pause:
             record.pause -= 1
-            return []
+            return 0
         # never past the answer's end: its last token is the target's own
-        k = min(room, self.k, round(record.kept) + 1, seq.max_total_tokens - len(seq) - 1,
-                seq.params.max_tokens - seq.num_output_tokens - 1)  # fmt: skip
-        return self.proposer.propose(seq.token_ids, k) if k > 0 else []
+        return max(0, min(self.k, round(record.kept) + 1, seq.max_total_tokens - len(seq) - 1,
+                          seq.params.max_tokens - seq.num_output_tokens - 1))  # fmt: skip
 
     def verified(self, seq: Sequence, proposed: int, kept: int) -> None:
         """The target kept ``kept`` of the ``proposed`` tokens of ``seq``'s verify step."""
@@ -166,8 +221,10 @@ class Speculator:
             record.next_pause = 1
 
     def forget(self, seq: Sequence) -> None:
-        """``seq`` finished (or left the running batch for good)."""
+        """``seq`` finished, or left the running batch (preempted)."""
         self._records.pop(id(seq), None)
+        self._planned.pop(id(seq), None)
+        self.proposer.forget(seq)
 
 
 def _may_speculate(seq: Sequence) -> bool:

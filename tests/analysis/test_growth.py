@@ -126,7 +126,7 @@ def test_the_counters_kept_in_status_give_the_same_quantiles(observations: list[
     assert histogram_quantile(q, kept["r1"].duration) == histogram_quantile(q, window["r1"].duration)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(0.0005, 120.0), min_size=1, max_size=30),
        st.lists(st.floats(0.0005, 120.0), max_size=30), st.floats(0.01, 0.999))
 def test_a_grown_window_adds_the_kept_counters_and_the_next_interval_exactly(

@@ -32,7 +32,8 @@ def repetitive_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def run_checked(engine: LLMEngine, prompts: list[list[int]], params: list[Params]) -> list[list[int]]:
-    """Each prompt's output tokens, stepping the engine by hand and checking the block manager after each step."""
+    """Each prompt's output tokens, stepping the engine by hand and checking the block manager (and a draft
+    model's) after each step."""
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(str(i), prompt, p)
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
@@ -40,6 +41,8 @@ def run_checked(engine: LLMEngine, prompts: list[list[int]], params: list[Params
         for out in engine.step():
             tokens[out.request_id] += out.outputs[0].token_ids
         engine.block_manager.check(engine.scheduler.running)
+        if engine.draft is not None:
+            engine.draft.check()
     return [tokens[str(i)] for i in range(len(prompts))]
 
 
@@ -171,12 +174,18 @@ def _seq(tokens: list[int], max_tokens: int = 100, **params: Any) -> Sequence:
     return Sequence("r", None, tokens, p, max_total_tokens=len(tokens) + max_tokens, eos_token_ids=frozenset())
 
 
+def _propose(spec: Speculator, seq: Sequence, room: int) -> list[int]:
+    """A step's proposals for ``seq`` alone, as the scheduler asks: `plan`, then `draft`."""
+    spec.plan([seq], room)
+    return spec.draft(seq, room)
+
+
 def test_a_sequence_whose_proposals_are_refused_pauses_longer_each_time() -> None:
     spec = Speculator(SpeculativeConfig.parse(NGRAM))
     seq = _seq([1, 2, 3, 1, 2, 3, 1, 2])
     pauses, run = [], 0
     for _ in range(300):  # every proposal refused
-        draft = spec.draft(seq, room=10)
+        draft = _propose(spec, seq, room=10)
         if not draft:
             run += 1
             continue
@@ -192,10 +201,14 @@ def test_a_sequence_whose_proposals_are_refused_pauses_longer_each_time() -> Non
 def test_proposals_stay_within_the_answer_the_room_and_the_step_budget() -> None:
     spec = Speculator(SpeculativeConfig.parse(NGRAM))
     tokens = [5, 6, 7, 8] * 4
-    assert len(spec.draft(_seq(tokens, max_tokens=3), room=10)) == 2  # the last token is the target's own
-    assert spec.draft(_seq(tokens, max_tokens=1), room=10) == []
-    assert len(spec.draft(_seq(tokens), room=1)) == 1
-    assert spec.draft(_seq(tokens, repetition_penalty=1.2), room=10) == []  # penalties: one token at a time
+    assert len(_propose(spec, _seq(tokens, max_tokens=3), room=10)) == 2  # the last token is the target's own
+    assert _propose(spec, _seq(tokens, max_tokens=1), room=10) == []
+    assert len(_propose(spec, _seq(tokens), room=1)) == 1
+    assert _propose(spec, _seq(tokens, repetition_penalty=1.2), room=10) == []  # penalties: one token at a time
+    # a step's budget goes to the sequences in the order they are scheduled; `draft` cuts to the room left
+    first, second = _seq(tokens), _seq(tokens)
+    spec.plan([first, second], 6)
+    assert len(spec.draft(first, 10)) == 4 and len(spec.draft(second, 1)) == 1
 
 
 def test_a_step_gets_the_proposals_that_raise_its_tokens_per_second() -> None:
@@ -253,7 +266,8 @@ def test_a_trimmed_table_is_read_afresh_by_the_block_tables_mirror() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"model": "/models/draft", "num_speculative_tokens": 3}, "a draft model is not supported yet"),
+        ({"model": "", "num_speculative_tokens": 3}, "a draft model needs 'model'"),
+        ({"model": "/models/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 2}, "for method ngram only"),
         ({"method": "ngram", "num_speculative_tokens": 40}, "from 1 to 16"),
         ("{oops", "not valid JSON"),
     ],

@@ -291,3 +291,23 @@ def test_tp2_gguf_loads_whole_and_slices(tmp_path: Path) -> None:
     for tp2 in _llm(gguf, 2, tokenizer=str(folder)):
         assert _greedy(tp2, prompts) == expected
         assert tp2.llm_engine.runner.model.load_stats.shards["layers.0.self_attn.qkv_weight"].local_shape[0] == 3 * 16 + 2 * 16
+
+
+def test_parallel_engines_one_after_another_in_one_process(tp_model) -> None:
+    """An engine's ranks and process group go with it: collected (`del`), closed by a ``with`` block or by
+    `shutdown` (twice is harmless), and the next parallel engine in the process starts and answers the same."""
+    import torch.distributed as dist
+
+    path = tp_model("kv2-tied")
+    prompts = random_prompts(512, (5, 9))
+    first = LLM(str(path), **ENGINE, tensor_parallel_size=2)
+    want = _greedy(first, prompts)
+    del first  # nothing else: the collected engine closes itself
+    with LLM(str(path), **ENGINE, tensor_parallel_size=2) as second:
+        assert _greedy(second, prompts) == want
+    assert not dist.is_initialized()
+    third = LLM(str(path), **ENGINE, tensor_parallel_size=2)
+    assert _greedy(third, prompts) == want
+    third.shutdown()
+    third.shutdown()
+    assert not dist.is_initialized() and not third.llm_engine.parallel.procs[0].is_alive()

@@ -39,3 +39,27 @@ def test_a_bad_speculative_config_stops_folio_serve_at_start(folio_bin: str, tin
     with pytest.raises(AssertionError, match="num_speculative_tokens must be an integer from 1 to 16"):
         start_serve(folio_bin, tiny_llama, tmp_path, "--speculative-config",
                     '{"method": "ngram", "num_speculative_tokens": 64}')  # fmt: skip
+
+
+def test_a_draft_model_serves_the_same_answers(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> None:
+    """The model as its own draft (the same tokenizer, by construction): the same greedy text, proposals kept."""
+    prompt = "Once upon a time, in a land far away, there lived"
+    expected = LLM(str(tiny_llama)).generate([prompt], SamplingParams(temperature=0.0, max_tokens=30))[0]
+    draft = {"model": str(tiny_llama), "num_speculative_tokens": 3}
+    serve = start_serve(folio_bin, tiny_llama, tmp_path, "--speculative-config", json.dumps(draft))
+    try:
+        answer = serve.client().completions.create(model="m", prompt=prompt, max_tokens=30, temperature=0)
+        assert answer.choices[0].text == expected.outputs[0].text
+        assert metric(serve, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    finally:
+        stop_serve(serve)
+
+
+def test_a_draft_with_another_vocabulary_stops_folio_serve_at_start(folio_bin: str, tiny_llama: Path,
+                                                                    tmp_path: Path) -> None:  # fmt: skip
+    from tests.support.models import make_tiny_llama
+
+    other = make_tiny_llama(tmp_path / "other", vocab_size=384, num_hidden_layers=1)
+    with pytest.raises(AssertionError, match="has another vocabulary than the target's"):
+        start_serve(folio_bin, tiny_llama, tmp_path, "--speculative-config",
+                    json.dumps({"model": str(other), "num_speculative_tokens": 3}))  # fmt: skip

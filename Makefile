@@ -73,8 +73,13 @@ $(TOOLS_STAMP):
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Two phases: the quick tests two at a time (pytest-xdist, a file per worker), then the slow end-to-end ones
+# (`folio up`, streams, canaries timed on their own clock) one at a time with the machine to themselves.
+# Exit status 5 is pytest's "nothing selected" (PYTEST_ARGS naming only quick or only slow tests).
+TEST_PATH = PATH="$(abspath $(TOOLS))/bin:$$PATH"
 test: lint tools link
-	PATH="$(abspath $(TOOLS))/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+	$(TEST_PATH) $(PY) -m pytest -m "not slow" -n 2 --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(TEST_PATH) $(PY) -m pytest -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 demo: link
 	$(PY) -m folio.operator.demo

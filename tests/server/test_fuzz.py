@@ -129,7 +129,8 @@ def test_the_top_k_that_killed_the_engine(real: Serve) -> None:
         body = '{"model":"fake","max_tokens":2,"top_k":9223372036854775808,' + json.dumps(extra)[1:]
         resp = httpx.post(f"{real.url}{path}", content=body, headers={"content-type": "application/json"}, timeout=30)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "top_k", resp.text
+    # (sampled: ignore_eos, else an end-of-sequence token drawn first would make a shorter, valid answer)
     ok = httpx.post(f"{real.url}/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 2,
-                                                        "top_k": 2**63 - 1}, timeout=30)  # fmt: skip
+                                                        "top_k": 2**63 - 1, "ignore_eos": True}, timeout=30)  # fmt: skip
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     assert httpx.get(f"{real.url}/health", timeout=10).status_code == 200

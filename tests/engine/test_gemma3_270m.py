@@ -42,6 +42,7 @@ def _check(model: str, reference: Reference, **engine: object) -> None:
     assert "Paris" in outs[0].outputs[0].text
 
 
+@pytest.mark.slow  # as the GGUF check: one make test phase builds the folder and the reference for both
 def test_gemma3_270m_matches_transformers(gemma3_dir: Path, expected: Reference) -> None:
     _check(str(gemma3_dir), expected)
 

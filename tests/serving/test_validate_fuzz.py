@@ -390,8 +390,7 @@ def test_fuzzed_manifests(kind: str, examples: int, api: tuple[TestClient, FakeR
     fuzz(kind, examples, api)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # (not `slow`: no process or clock of its own, so make test runs it beside others)
 @pytest.mark.parametrize(("kind", "examples"), [("crd", 500), ("mutated", 1000), ("urls", 500)])  # 2,000 in all
 def test_many_fuzzed_manifests(kind: str, examples: int, api: tuple[TestClient, FakeRuntime]) -> None:
     fuzz(kind, examples, api)

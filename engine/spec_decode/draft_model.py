@@ -13,7 +13,6 @@ verification (`rejection.verify`) is the same as prompt lookup's, exact at any t
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,6 @@ from folio.engine.scheduler import ScheduledSeq
 from folio.engine.sequence import Sequence
 from folio.engine.tokenizer.loading import load_tokenizer
 from folio.engine.warmup import warm_up_kernels
-
-log = logging.getLogger(__name__)
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -61,13 +58,12 @@ class DraftModel:
         if not Path(path).exists():
             raise DraftModelError(f"{where} does not exist")
         cfg, _ = load_model_config(path)
-        theirs = load_tokenizer(path).get_vocab()
-        if theirs != target_tokenizer.get_vocab():
-            differ = sum(1 for token, i in theirs.items() if target_tokenizer.get_vocab().get(token) != i)
+        theirs, ours = load_tokenizer(path).get_vocab(), target_tokenizer.get_vocab()  # (each call builds a dict)
+        if theirs != ours:
+            differ = sum(1 for token, i in theirs.items() if ours.get(token) != i)
             raise DraftModelError(
-                f"{where} has another vocabulary than the target's ({len(theirs)} tokens vs "
-                f"{len(target_tokenizer.get_vocab())}, {differ} of the draft's differ): a draft must share the "
-                "target's tokenizer"
+                f"{where} has another vocabulary than the target's ({len(theirs)} tokens vs {len(ours)}, "
+                f"{differ} of the draft's differ): a draft must share the target's tokenizer"
             )
         if cfg.max_position_embeddings < target.max_model_len:
             raise DraftModelError(

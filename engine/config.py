@@ -47,6 +47,19 @@ class EngineConfig:
     fault_logit_noise: float = 0.0  # test aid: Gaussian noise of this std on the logits (folio.engine.prompt_logits)
     # Processes (one per device) the model is sharded over (`folio.engine.distributed`).
     tensor_parallel_size: int = 1
+    # Stages (each a contiguous range of layers) the model is split over (`folio.engine.distributed.pipeline`);
+    # with tensor parallelism, T × P processes.
+    pipeline_parallel_size: int = 1
+    # Several nodes (vLLM's flags): the T × P ranks over ``nnodes`` processes' machines, T × P / nnodes each;
+    # node rank 0 holds rank 0 (which schedules and serves) and the rendezvous at master_addr:master_port
+    # (and master_port + 1 for its steps to the other nodes' ranks).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    # Seconds every rank has to arrive at start (spawned processes, or a group's pods being scheduled and
+    # pulling their image): one that does not fails the group with the ranks missing.
+    rendezvous_timeout: float = 600.0
     # Seconds a tensor-parallel collective may wait before the watchdog takes the replica down.
     collective_timeout: float = 15.0
     # Multi-LoRA (vLLM's flags): adapters in ``max_loras`` device slots of rank up to ``max_lora_rank``, a
@@ -90,6 +103,19 @@ class EngineConfig:
             raise bad("fault_logit_noise", "a finite number >= 0")
         if self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", ">= 1")
+        if self.pipeline_parallel_size < 1:
+            raise bad("pipeline_parallel_size", ">= 1")
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.nnodes < 1 or world % self.nnodes or (world // self.nnodes) % self.tensor_parallel_size:
+            raise ConfigValueError(
+                "nnodes", f"a divisor of tensor_parallel_size × pipeline_parallel_size ({world}) that leaves each "
+                f"node whole tensor-parallel groups of {self.tensor_parallel_size}", self.nnodes)
+        if not 0 <= self.node_rank < self.nnodes:
+            raise bad("node_rank", f"in [0, nnodes) = [0, {self.nnodes})")
+        if not 1 <= self.master_port <= 65534:
+            raise bad("master_port", "in [1, 65534] (the port after it is used too)")
+        if not self.rendezvous_timeout > 0:
+            raise bad("rendezvous_timeout", "> 0")
         if not self.collective_timeout > 0:
             raise bad("collective_timeout", "> 0")
         if self.max_loras < 1:
@@ -105,6 +131,16 @@ class EngineConfig:
                 raise bad("speculative_config", f"vLLM's speculative JSON ({exc})") from None
         if self.speculative_config is not None and self.tensor_parallel_size > 1:
             raise bad("speculative_config", "unset with tensor parallelism (not supported together yet)")
+        if self.pipeline_parallel_size > 1:
+            if self.speculative_config is not None:
+                raise bad("speculative_config", "unset with pipeline parallelism (not supported together yet)")
+            if self.enable_lora:
+                raise bad("enable_lora", "off with pipeline parallelism (not supported together yet)")
+
+    @property
+    def world_size(self) -> int:
+        """The processes the engine runs on: tensor_parallel_size × pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -28,7 +29,7 @@ from folio.engine.distributed.executor import TensorParallelExecutor
 from folio.engine.layers.lora import attach_lora
 from folio.engine.loader import load_model, load_model_config, resolve_dtype
 from folio.engine.lora import LoRAError, LoRALayout, LoRARequest, LoRASlots
-from folio.engine.model_runner import ModelRunner, kv_bytes_per_block
+from folio.engine.model_runner import ModelRunner, StepHandle, kv_bytes_per_block
 from folio.engine.outputs import EngineStats, RequestOutput
 from folio.engine.prompt_logits import LogitNoise
 from folio.engine.resume import Replay, max_total_tokens, replay
@@ -65,7 +66,7 @@ def eager_only(config: EngineConfig, device: torch.device) -> bool:
     """Whether every step runs eagerly: asked for, or tensor parallelism on CUDA, where NCCL collectives
     inside CUDA graphs have never run on a multi-GPU machine and a stall inside a graph would escape the
     watchdog (only NCCL's own abort would end it)."""
-    return config.enforce_eager or (config.tensor_parallel_size > 1 and device.type == "cuda")
+    return config.enforce_eager or (config.world_size > 1 and device.type == "cuda")
 
 
 class LLMEngine:
@@ -81,12 +82,12 @@ class LLMEngine:
         self.device = _resolve_device(config.device)
         model_config, declared_dtype = load_model_config(config.model)
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
-        model_config.max_model_len = _max_model_len(config, model_config)
+        model_config.max_model_len = effective_max_model_len(config, model_config)
         self.model_config: ModelConfig = model_config
         # Tensor parallelism: rank 0 (this process) starts the other ranks, which load beside it.
         self.parallel: TensorParallelExecutor | None = None
         self._lora_tracker: tp_lora.SlotTracker | None = None
-        if config.tensor_parallel_size > 1:
+        if config.world_size > 1:
             self.parallel = TensorParallelExecutor(config, model_config, self.dtype)
             self._closers.append(self.parallel.close)
             self.device = self.parallel.device
@@ -98,10 +99,14 @@ class LLMEngine:
         try:
             model = load_model(
                 config.model, model_config, self.dtype, self.device, model_config.max_model_len, config.digest,
-                tp=self.parallel and self.parallel.tp,
+                tp=self.parallel and self.parallel.tp, layers=self.parallel and self.parallel.layers,
             )
+            if self.parallel is not None:
+                model.pipe = self.parallel.link  # (None without pipeline stages)
             self.tokenizer = load_tokenizer(config.model, config.tokenizer)
             rank_config = self.parallel.local_config if self.parallel else model_config  # this device's share
+            # what each device's KV cache must hold per block: the largest pipeline stage's layers
+            self._kv_config = self.parallel.sizing_config if self.parallel else model_config
             self.lora_slots = self._start_lora(model, model_config)  # before the KV cache takes what is left
             budget = step_token_budget(config, model_config)
             spec = config.speculative
@@ -133,6 +138,12 @@ class LLMEngine:
         self._lora_roots: dict[str, int] = {}  # adapter name → its prefix-cache root (negative, never reused)
         self._lora_registrations = 0
         self._seqs: dict[str, Sequence] = {}
+        # pipeline stages: the steps begun and not yet sampled, oldest first; requests aborted meanwhile
+        self._in_flight: deque[tuple[list[ScheduledSeq], StepHandle]] | None = (
+            deque() if config.pipeline_parallel_size > 1 else None)
+        self._aborted_in_flight: set[str] = set()
+        # micro-batches kept in flight: one per stage (1 makes the stages take turns, the benchmark's baseline)
+        self.pipeline_depth = config.pipeline_parallel_size
         self.num_failed_steps = 0
         self._failing_streak = 0
         log.info(
@@ -179,7 +190,7 @@ class LLMEngine:
         config = self.config
         meter = None if config.kv_cache_memory_gib is not None else memory_profile.meter_for(self.device)
         if meter is None:
-            num_blocks = self._num_kv_blocks(cfg, self._fixed_kv_budget())
+            num_blocks = self._num_kv_blocks(self._kv_config, self._fixed_kv_budget())
         else:
             num_blocks = memory_profile.PROFILE_KV_BLOCKS
         eager = self.eager or meter is not None  # graphs only once the cache has its size
@@ -208,7 +219,7 @@ class LLMEngine:
             profile.num_tokens, profile.num_seqs, profile.in_use / GIB, profile.activation_bytes / GIB,
             graphs / GIB, kv_budget / GIB, config.gpu_memory_utilization, meter.total() / GIB,
         )
-        num_blocks = self._num_kv_blocks(cfg, kv_budget)
+        num_blocks = self._num_kv_blocks(self._kv_config, kv_budget)
         if self.parallel:
             self.parallel.resize(num_blocks, enforce_eager=self.eager)
         runner.resize_kv_cache(num_blocks, enforce_eager=self.eager)
@@ -217,11 +228,27 @@ class LLMEngine:
         return runner, num_blocks
 
     def _run_step(self, batch: list[ScheduledSeq]) -> StepResult:
-        """One step on this rank's runner, the other tensor-parallel ranks running it beside."""
+        """One step on this rank's runner, the other ranks running it beside."""
+        if self.parallel is not None and self.parallel.link is not None:
+            return self._finish_step(self._begin_step(batch))
+        self._broadcast(batch)
+        return self.runner.step(batch)
+
+    def _broadcast(self, batch: list[ScheduledSeq]) -> None:
         if self.parallel is not None:
             tracker = self._lora_tracker  # the adapter slots rank 0 wrote, for the other ranks to follow
             self.parallel.broadcast_step(batch, tracker.writes() if tracker is not None else ())
-        return self.runner.step(batch)
+
+    def _begin_step(self, batch: list[ScheduledSeq]) -> StepHandle:
+        """A step's forward pass, on this rank and the others (with stages: stage 0's part, handed on)."""
+        self._broadcast(batch)
+        return self.runner.begin(batch)
+
+    def _finish_step(self, handle: StepHandle) -> StepResult:
+        """A begun step's sampling (with stages: once the last stage has sent its rows back)."""
+        if self.parallel is not None and self.parallel.link is not None:
+            self.parallel.finish_step()
+        return self.runner.finish(handle)
 
     def _fixed_kv_budget(self) -> float:
         """The KV budget without profiling: as configured, else a share of the CPU's available RAM."""
@@ -403,8 +430,12 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)
-        if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq)
+        if seq is None or seq.is_finished:
+            return
+        if self._in_flight and any(item.seq is seq for batch, _ in self._in_flight for item in batch):
+            self._aborted_in_flight.add(request_id)  # a stage still computes into its blocks
+            return
+        self.scheduler.finish(seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -427,7 +458,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Runs one scheduled step; returns what each request gained in it. An exception from the model or
         the sampler fails the requests of this step (finish reason "error") and no others; only a run of
-        failing steps raises EngineBrokenError."""
+        failing steps raises EngineBrokenError. With pipeline stages, see `_pipelined_step`."""
+        if self._in_flight is not None:
+            return self._pipelined_step()
         batch = self.scheduler.schedule()
         failed = self.scheduler.take_failed()  # e.g. an adapter whose files could not be loaded
         for seq in failed:
@@ -461,6 +494,48 @@ class LLMEngine:
                 del self._seqs[seq.request_id]
         return [seq.take_output() for seq in [*failed, *updated]]
 
+    def _pipelined_step(self) -> list[RequestOutput]:
+        """With P pipeline stages: begin steps until P are in flight (or nothing else can run: a sequence is in
+        one step at a time), then finish the oldest and return what its requests gained. While stage 0 runs
+        one micro-batch the later stages run the ones before it, so the stages work at once.
+
+        A step that fails here may have left a stage waiting for a transfer that never comes: the engine
+        is broken (`EngineBrokenError`), never serving with half a pipeline."""
+        in_flight = self._in_flight
+        assert in_flight is not None
+        failed: list[Sequence] = []
+        stages = self.pipeline_depth
+        scheduler = self.scheduler
+        try:
+            while len(in_flight) < stages:
+                busy = {id(item.seq) for batch, _ in in_flight for item in batch}
+                # a micro-batch's share of the sequences, so that every stage has one to work on
+                share = -(-(len(scheduler.running) + len(scheduler.waiting)) // stages)
+                batch = scheduler.schedule(busy, max_seqs=max(1, share))
+                failed += scheduler.take_failed()  # e.g. an adapter whose files could not be loaded
+                if not batch:
+                    break
+                in_flight.append((batch, self._begin_step(batch)))
+            if not in_flight:
+                for seq in failed:
+                    self._seqs.pop(seq.request_id, None)
+                return [seq.take_output() for seq in failed]
+            batch, handle = in_flight.popleft()
+            sampled, result = self._finish_step(handle)
+        except Exception as exc:
+            raise EngineBrokenError(f"a pipelined step failed: {exc!r}") from exc
+        updated = self.scheduler.postprocess(batch, sampled, result, time.monotonic())
+        aborted = {item.seq.request_id for item in batch} & self._aborted_in_flight
+        for item in batch:  # aborted while in flight: finished now that no stage reads its blocks
+            if item.seq.request_id in aborted and not item.seq.is_finished:
+                self.scheduler.finish(item.seq)
+        self._aborted_in_flight -= aborted
+        news = [seq for seq in [*failed, *updated] if seq.request_id not in aborted]
+        for seq in news:
+            if seq.is_finished:
+                self._seqs.pop(seq.request_id, None)
+        return [seq.take_output() for seq in news]
+
     def close(self) -> None:
         """Stop the other tensor-parallel ranks and tear their process group down, and the grammar compiler's
         threads; once (later calls do nothing). A collected engine does it on its own."""
@@ -489,7 +564,7 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _max_model_len(config: EngineConfig, cfg: ModelConfig) -> int:
+def effective_max_model_len(config: EngineConfig, cfg: ModelConfig) -> int:
     limit = cfg.max_position_embeddings
     if config.max_model_len is None:
         return limit

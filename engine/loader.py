@@ -80,8 +80,10 @@ def load_model(
     max_position: int,
     digest: str | None = None,
     tp: TensorParallel | None = None,
+    layers: range | None = None,
 ) -> DecoderLM:
-    """The model with its weights; with ``tp``, this rank's shard of it (`folio.engine.distributed`)."""
+    """The model with its weights; with ``tp``, this rank's shard of it (`folio.engine.distributed`); with
+    ``layers``, a pipeline stage's part (those decoder layers, and the embeddings, head and norm it holds)."""
     p = Path(path)
     if digest is not None:
         verify_digest(p, digest)
@@ -91,7 +93,7 @@ def load_model(
         default = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            model = cls(cfg, max_position)
+            model = cls(cfg, max_position, layers)
         finally:
             torch.set_default_dtype(default)
     targets = model.checkpoint_targets()  # full-model layout, before sharding shrinks the blocks
@@ -101,6 +103,8 @@ def load_model(
     model.finish_loading()
     total, active = model.parameter_counts()
     where = "" if tp is None else f" on tensor-parallel rank {tp.rank} of {tp.size}"
+    if layers is not None and len(layers) != cfg.num_hidden_layers:
+        where += f" (layers {layers.start}-{layers.stop - 1})"
     if active != total:
         log.info("%s: %.1fM parameters%s, %.1fM active per token", cfg.architecture, total / 1e6, where, active / 1e6)
     else:

@@ -52,6 +52,15 @@ Row = ScheduledSeq | DraftRow
 
 
 @dataclass
+class StepHandle:
+    """A step whose forward pass has run here (`ModelRunner.begin`) and whose sampling is to come (`finish`)."""
+
+    inputs: StepInputs
+    hidden: torch.Tensor | None  # None until a pipeline's last stage sends its rows back
+    picked: bool  # the hidden states are the logit rows only (else every row of the step)
+
+
+@dataclass
 class StepInputs:
     """One step's tokens laid out as the attention context expects (`folio.engine.layers.context`): the
     prefill chunks, then the decodes by ascending context length (so length buckets are row ranges), a verify
@@ -192,8 +201,8 @@ class ModelRunner:
     def _start_decode_graphs(self, enforce_eager: bool) -> None:
         """CUDA graphs on a GPU; on the CPU, step graphs over the native kernels (not on a tensor-parallel
         rank, whose steps hold collectives)."""
-        if enforce_eager or not self.model.supports_decode_graphs:
-            return
+        if enforce_eager or not self.model.supports_decode_graphs or self.model.pipe is not None:
+            return  # (a pipeline stage's forward sends and receives)
         if self.device.type == "cuda":
             self.enable_decode_graphs()
         elif self.native_decode and self.model.vocab_parallel is None:
@@ -212,10 +221,17 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """Compute the scheduled tokens; return the sequences that got a new token and the sampling result."""
+        return self.finish(self.begin(batch))
+
+    @torch.inference_mode()
+    def begin(self, batch: list[ScheduledSeq]) -> StepHandle:
+        """This rank's forward pass of a step (a pipeline stage's part: its layers, handed on to the next)."""
         inputs = prepare_inputs(batch, self.block_size, self.device, lora=self.lora)
-        self.sampler.prepare([s.seq for s in inputs.sampling], self.model.config.vocab_size)  # beside the forward
+        pipe = self.model.pipe
+        if pipe is None:  # (a pipeline's first stage prepares when the step's rows come back)
+            self.sampler.prepare([s.seq for s in inputs.sampling], self.model.config.vocab_size)  # beside the forward
         if self._fits_decode_graphs(inputs):
-            return self._graph_decode_step(inputs)
+            return StepHandle(inputs, self._graph_forward(inputs), picked=False)
         decodes = inputs.decodes
         ctx = AttentionContext(
             slot_mapping=torch.tensor(inputs.slots, dtype=torch.long, device=self.device),
@@ -230,20 +246,39 @@ class ModelRunner:
 
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
-        wanted = prompt_logits.wanted(inputs)
         # With prompts in the step, most rows need no logits: the model hands back the sampled ones only.
-        rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
-        only_rows = None if wanted or not inputs.prefills else rows
+        only_rows = None
+        if inputs.prefills and not prompt_logits.wanted(inputs):
+            only_rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
         if inputs.has_lora:
             ctx.lora = LoRAContext.build(inputs.lora_slots, self.device)
             if only_rows is not None:  # the last layer's output projection and MLP run those rows only
                 ctx.lora.rows = LoRAContext.build([inputs.lora_slots[r] for r in inputs.logit_rows], self.device)
         hidden = self.model(ids, pos, self.kv_caches, ctx, only_rows)
-        if wanted:
+        if pipe is not None and pipe.last and not pipe.first:
+            assert hidden is not None
+            pipe.send_output(hidden)  # stage 0 computes the logits
+            hidden = None
+        return StepHandle(inputs, hidden, picked=only_rows is not None)
+
+    @torch.inference_mode()
+    def finish(self, handle: StepHandle) -> tuple[list[ScheduledSeq], SampleResult | None]:
+        """The logits and sampling of a step `begin` ran (on a pipeline's first stage, once the last stage
+        has sent the rows back; the other stages have nothing to do here)."""
+        inputs, hidden, pipe = handle.inputs, handle.hidden, self.model.pipe
+        if pipe is not None and not pipe.first:
+            return [], None
+        if hidden is None:
+            assert pipe is not None and not pipe.last
+            hidden = pipe.recv_output(len(inputs.logit_rows) if handle.picked else len(inputs.input_ids))
+            self.sampler.prepare([s.seq for s in inputs.sampling], self.model.config.vocab_size)
+        if prompt_logits.wanted(inputs):
             prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
         if not inputs.sampling:
             return [], None
-        return self._sample(hidden[rows] if wanted or not inputs.prefills else hidden, inputs.sampling)
+        if not handle.picked and not inputs.rows_in_order:
+            hidden = hidden[torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)]
+        return self._sample(hidden, inputs.sampling)
 
     def _sample(
         self, hidden: torch.Tensor, sampling: list[ScheduledSeq]
@@ -373,8 +408,8 @@ class ModelRunner:
         graphs = self.decode_graphs
         return graphs is not None and not inputs.prefills and 0 < len(inputs.ordered) <= graphs.max_batch_size
 
-    def _graph_decode_step(self, inputs: StepInputs) -> tuple[list[ScheduledSeq], SampleResult | None]:
-        """A decode-only step through the captured graphs; logits and sampling run eagerly after them."""
+    def _graph_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """A decode-only step's hidden states (every row) through the captured graphs."""
         assert self.decode_graphs is not None and not inputs.prefills
         hidden = self.decode_graphs.run(  # host tensors: run() copies them into the graphs' static buffers
             torch.tensor(inputs.input_ids, dtype=torch.long),
@@ -385,14 +420,7 @@ class ModelRunner:
             torch.tensor(inputs.lora_slots, dtype=torch.int32) if inputs.has_lora else None,
         )
         self.block_tables.sent()  # run() copied the pinned tables without blocking
-        if prompt_logits.wanted(inputs):  # a one-token prefill chunk
-            prompt_logits.collect(self.model.compute_logits, hidden, inputs, self.logit_noise)
-        rows = inputs.logit_rows  # the rows of those that sample (several per verifying sequence)
-        if not rows:  # a one-token prefill chunk that is not the prompt's last
-            return [], None
-        if not inputs.rows_in_order:
-            hidden = hidden[torch.tensor(rows, device=self.device)]
-        return self._sample(hidden, inputs.sampling)
+        return hidden
 
 
 def _logprob_entry(logprobs: torch.Tensor, token: int, top_n: int) -> tuple[float, dict[int, float]]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -114,23 +115,31 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.failed)
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(self, busy: Collection[int] = (), max_seqs: int | None = None) -> list[ScheduledSeq]:
+        """The next step's batch. ``busy``: the ids of sequences in a step still in flight (pipeline stages
+        keep several): they are neither scheduled nor preempted until that step's tokens are back;
+        ``max_seqs``: at most that many sequences in this batch (a micro-batch's share)."""
+        limit = self.max_num_seqs if max_seqs is None else max_seqs
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
-        self._make_room_for_priority()
+        self._make_room_for_priority(busy)
 
         drafts = self._draft_budget()
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(scheduled) < limit:
             seq = self.running[i]
+            if id(seq) in busy:
+                i += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             draft = self._draft(seq, min(drafts, budget - n)) if n == seq.num_uncomputed_tokens == 1 else []
             while not self.block_manager.allocate(seq, n + len(draft)):
                 if draft:  # a proposal is never worth a preemption
                     draft = []
                     continue
-                victim = self.running.pop()
+                victim = self._victim(busy)
+                assert victim is not None  # ``seq`` itself is not in flight
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -143,7 +152,8 @@ class Scheduler:
 
         # Admitting new work right after a preemption would only cause more of it.
         i = 0  # waiting sequences before i wait for an adapter slot; the others keep their turns
-        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+        while (i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted
+               and len(scheduled) < limit):  # fmt: skip
             seq = self.waiting[i]
             if not self._can_hold_adapter(seq):
                 i += 1
@@ -183,7 +193,14 @@ class Scheduler:
     def _draft(self, seq: Sequence, room: int) -> list[int]:
         return self.speculator.draft(seq, room) if self.speculator is not None and room > 0 else []
 
-    def _make_room_for_priority(self) -> None:
+    def _victim(self, busy: Collection[int]) -> Sequence | None:
+        """The running sequence to preempt for room, out of the running list: the last not in flight."""
+        for j in range(len(self.running) - 1, -1, -1):
+            if id(self.running[j]) not in busy:
+                return self.running.pop(j)
+        return None
+
+    def _make_room_for_priority(self, busy: Collection[int] = ()) -> None:
         """Preempt the lowest running sequences while the queue's head outranks them and cannot start."""
         while self.waiting and self.running and self.running[-1].priority > self.waiting[0].priority:
             head = self.waiting[0]
@@ -193,6 +210,8 @@ class Scheduler:
             blocks = self.block_manager.blocks_needed(first_chunk)
             if len(self.running) < self.max_num_seqs and blocks <= self.block_manager.num_free_blocks:
                 return
+            if id(self.running[-1]) in busy:
+                return  # its step is in flight: the head waits for it
             self._preempt(self.running.pop())
 
     def _run(self, seq: Sequence) -> None:

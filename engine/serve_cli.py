@@ -11,8 +11,9 @@ import concurrent.futures
 import gc
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="processes (one per device) the model is sharded over"
     )
+    eng.add_argument(
+        "--pipeline-parallel-size", type=int, default=1,
+        help="stages the layers are split over (× the tensor-parallel size: the processes; default: %(default)s)",
+    )  # fmt: skip
+    nodes = parser.add_argument_group("several nodes (a LeaderWorkerSet group's pods)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes the ranks are spread over (default: %(default)s)")
+    nodes.add_argument("--node-rank", type=int, help="this node's rank (default: $LWS_WORKER_INDEX, else 0)")
+    nodes.add_argument(
+        "--master-addr", help="node 0's address, where rank 0 listens (default: $LWS_LEADER_ADDRESS, else 127.0.0.1)"
+    )
+    nodes.add_argument(
+        "--master-port", type=int, default=29500,
+        help="rank 0's rendezvous port; the next one carries its steps to the other nodes (default: %(default)s)",
+    )  # fmt: skip
+    nodes.add_argument(
+        "--headless", action="store_true",
+        help="run this node's ranks without an API (node ranks above 0, which are always headless)",
+    )  # fmt: skip
+    nodes.add_argument(
+        "--rendezvous-timeout", type=float, default=600.0,
+        help="seconds every rank has to arrive at start before the group fails (default: %(default)s)",
+    )  # fmt: skip
     eng.add_argument(
         "--speculative-config", metavar="JSON",
         help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": K, '
@@ -317,6 +340,8 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             raise FlagError(dest, str(exc)) from exc
     faults = Faults(error_rate=args.fault_error_rate, latency_ms=args.fault_latency_ms,
                     crash_after_tokens=args.fault_crash_after_tokens)
+    if args.headless and not args.node_rank:
+        raise FlagError("headless", "--headless is for node ranks above 0: node rank 0 runs rank 0, which serves the API")
     lora_modules(args)
     lora = _lora_config(args)
     try:
@@ -340,6 +365,12 @@ def check(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
             tokenizer=args.tokenizer,
             fault_logit_noise=args.fault_logit_noise,
             tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank or 0,
+            master_addr=args.master_addr or "127.0.0.1",
+            master_port=args.master_port,
+            rendezvous_timeout=args.rendezvous_timeout,
             collective_timeout=args.collective_timeout,
             speculative_config=args.speculative_config,
             **lora,
@@ -424,6 +455,28 @@ def tool_call_parser(args: argparse.Namespace, model_config: Any) -> str | None:
         raise FlagError("tool_call_parser", f"--enable-auto-tool-choice: {exc}") from None
 
 
+def node_from_env(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """A LeaderWorkerSet pod's place in its group, where the flags do not give it: the node rank from
+    ``LWS_WORKER_INDEX``, node 0's address from ``LWS_LEADER_ADDRESS``; ``LWS_GROUP_SIZE`` must be --nnodes
+    (a group of another size than the engine's plan would wait forever for ranks that never come)."""
+    if args.node_rank is None and env.get("LWS_WORKER_INDEX"):
+        args.node_rank = _env_int(env, "LWS_WORKER_INDEX", "node_rank")
+    if args.master_addr is None and env.get("LWS_LEADER_ADDRESS"):
+        args.master_addr = env["LWS_LEADER_ADDRESS"]
+    if env.get("LWS_GROUP_SIZE"):
+        size = _env_int(env, "LWS_GROUP_SIZE", "nnodes")
+        if size != args.nnodes:
+            raise FlagError("nnodes", f"--nnodes is {args.nnodes} but this pod's LeaderWorkerSet group has "
+                            f"{size} pods (LWS_GROUP_SIZE)")  # fmt: skip
+
+
+def _env_int(env: Mapping[str, str], name: str, dest: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise FlagError(dest, f"{name} must be an integer, got {env[name]!r}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -437,11 +490,20 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         _resolve_model(args)
+        node_from_env(args, os.environ)
         config, faults = check(args)
         modules = lora_modules(args)
     except FlagError as exc:
         print(f"folio serve: {exc}", file=sys.stderr)
         return 2
+    if config.node_rank > 0:  # another node's ranks: no API, no engine of its own (rank 0 schedules)
+        from folio.engine.distributed.nodes import run_headless
+
+        try:
+            return run_headless(config)
+        except (OSError, ValueError) as exc:
+            print(f"folio serve: cannot load {args.model}: {exc}", file=sys.stderr)
+            return 1
 
     try:
         engine = build_engine(config, modules)  # verifies the digest, loads the weights, sizes the KV cache

@@ -1,9 +1,13 @@
-"""Rank 0's side of tensor parallelism: starts ranks 1..N-1, sends each step's metadata, watches them.
+"""Rank 0's side of tensor and pipeline parallelism: starts ranks 1..N-1, sends each step's metadata,
+watches them.
 
-`LLMEngine` makes one when ``tensor_parallel_size > 1`` and loads its own shard beside the workers'.
-Start-up: spawn the workers and join the group; everyone loads its shard; rank 0 sizes the KV cache
-(per device: the budget is each device's, the blocks hold each rank's KV heads) and tells the others
-the number of blocks, so every rank's block ids mean the same slots.
+`LLMEngine` makes one when ``tensor_parallel_size × pipeline_parallel_size > 1`` and loads its own part
+beside the workers' (`folio.engine.distributed.pipeline` lays the ranks out). Start-up: spawn the workers
+and join the group; everyone loads its part; rank 0 sizes the KV cache (per device: the budget is each
+device's, the blocks hold each rank's KV heads of the largest stage's layers) and tells the others the
+number of blocks, so every rank's block ids mean the same slots. With pipeline stages, a step's sampling
+comes later than its forward (`finish_step`): stage 0's other tensor-parallel ranks are told when, to
+join the logits' gather.
 
 Failure: a worker that exits, a collective waiting past ``collective_timeout`` (the watchdog) or a
 failing health probe fails the group once: a clear log line, the surviving workers killed, then the
@@ -32,8 +36,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from folio.engine.config import EngineConfig, ModelConfig
+from folio.engine.distributed import nodes
 from folio.engine.distributed.errors import RankFailedError
 from folio.engine.distributed.parallel_state import TensorParallelGroup, collective_metrics
+from folio.engine.distributed.pipeline import Layout, StageLink, check_pipelinable, stage_config, stage_layers
 from folio.engine.distributed.sharding import TensorParallel, check_shardable, local_config
 from folio.engine.distributed.step_broadcast import StepEncoder
 from folio.engine.distributed.watchdog import Watchdog, stalled_collectives
@@ -55,13 +61,25 @@ _START_TIMEOUT_S = 600.0  # loading a shard of a large model from a slow volume
 
 class TensorParallelExecutor:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> None:
-        size = config.tensor_parallel_size
-        check_shardable(model_config, size)
-        self.size = size
-        self.device = _rank_device(config.device, 0, size)
-        self.group = TensorParallelGroup(0, size, self.device, config.collective_timeout)
-        self.tp = TensorParallel(0, size, self.group)
-        self.local_config = local_config(model_config, self.tp)
+        layout = Layout(config.tensor_parallel_size, config.pipeline_parallel_size)
+        if layout.tp_size > 1:
+            check_shardable(model_config, layout.tp_size)
+        check_pipelinable(model_config, layout.pp_size)
+        self.layout = layout
+        self.size = size = layout.world_size
+        local = nodes.node_ranks(config)  # node 0's ranks: rank 0 and the workers it spawns
+        self.device = rank_device(config.device, 0, len(local))
+        self.group = TensorParallelGroup(0, layout, self.device, config.collective_timeout)
+        self.tp = TensorParallel(0, layout.tp_size, self.group) if layout.tp_size > 1 else None
+        tp_config = model_config if self.tp is None else local_config(model_config, self.tp)
+        # rank 0's layers (all of them without stages), and the facts its KV cache is made of
+        self.layers = stage_layers(model_config, layout.pp_size, 0)
+        self.local_config = stage_config(tp_config, self.layers)
+        # every rank's cache has the same number of blocks: the budget must hold the largest stage's
+        largest = max((stage_layers(model_config, layout.pp_size, s) for s in range(layout.pp_size)), key=len)
+        self.sizing_config = stage_config(tp_config, largest)
+        self.link = None if layout.pp_size == 1 else StageLink(
+            layout, 0, self.group, model_config.hidden_size, dtype, self.device)
         self.failure: RankFailedError | None = None
         # per worker: bytes_read, rss (after loading), ready_rss and num_blocks (its KV cache, when ready)
         self.worker_stats: list[dict[str, Any]] = []
@@ -75,17 +93,21 @@ class TensorParallelExecutor:
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
         self._threads_before = torch.get_num_threads()
-        threads = max(1, (os.cpu_count() or 1) // size) if self.device.type == "cpu" else self._threads_before
+        threads = max(1, (os.cpu_count() or 1) // len(local)) if self.device.type == "cpu" else self._threads_before
         torch.set_num_threads(threads)  # on the CPU each rank gets its share of the cores
 
         self._tmp = Path(tempfile.mkdtemp(prefix="folio-tp-"))
+        store = str(self._tmp / "store") if config.nnodes == 1 else nodes.store_address(config)
+        # the other nodes' ranks connect to rank 0's step channel (`folio.engine.distributed.nodes`)
+        self.remote = range(local.stop, size)
+        listener = nodes.StepListener(config, self.remote) if config.nnodes > 1 else None
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked CUDA context or engine threads
-        self.procs: list[mp.process.BaseProcess] = []
-        self.conns: list[Connection] = []
-        for rank in range(1, size):
+        self.procs: list[mp.process.BaseProcess] = []  # this node's workers (ranks 1 .. len(local) - 1)
+        self.conns: list[Connection] = []  # every worker's, by rank (the other nodes' added once they join)
+        for rank in local[1:]:
             spec = WorkerSpec(
-                rank, size, str(self._tmp / "store"), config, model_config, dtype,
-                str(_rank_device(config.device, rank, size)), threads, logging.getLogger().getEffectiveLevel(),
+                rank, layout, store, config, model_config, dtype,
+                str(rank_device(config.device, rank, len(local))), threads, logging.getLogger().getEffectiveLevel(),
             )
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(spec, theirs), name=f"folio-tp-rank{rank}", daemon=True)
@@ -94,13 +116,21 @@ class TensorParallelExecutor:
             self.procs.append(proc)
             self.conns.append(ours)
         atexit.register(self.close)
-        log.info("tensor parallelism: %d ranks on %s (workers: pids %s)", size, self.device,
-                 ", ".join(str(p.pid) for p in self.procs))
+        log.info("parallelism: %d ranks (tensor %d × pipeline %d) on %s (workers: pids %s%s)", size, layout.tp_size,
+                 layout.pp_size, self.device, ", ".join(str(p.pid) for p in self.procs) or "none",
+                 f"; ranks {self.remote.start}-{size - 1} on {config.nnodes - 1} other node(s)" if self.remote else "")
         try:
-            self.group.join(str(self._tmp / "store"), self._check_workers, _START_TIMEOUT_S)
+            deadline = time.monotonic() + config.rendezvous_timeout
+            self.group.join(store, self._check_workers, config.rendezvous_timeout)
+            if listener is not None:
+                remote = listener.wait(deadline)
+                self.conns += [remote[r] for r in self.remote]
         except BaseException:
             self.close()
             raise
+        finally:
+            if listener is not None:
+                listener.close()
         self._watchdog = Watchdog([self._check_workers, stalled_collectives(self.group)], self.fail, "folio-tp-watchdog")
 
     # --- start-up -----------------------------------------------------------------------------------
@@ -132,14 +162,18 @@ class TensorParallelExecutor:
         self._prober.start()
 
     def _reply(self, rank: int, expected: str) -> dict[str, Any]:
-        conn, proc = self.conns[rank - 1], self.procs[rank - 1]
+        conn = self.conns[rank - 1]
+        proc = self.procs[rank - 1] if rank - 1 < len(self.procs) else None  # None: on another node
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not conn.poll(0.2):
-            if not proc.is_alive():
+            if proc is not None and not proc.is_alive():
                 raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.exitcode} while starting")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"tensor-parallel rank {rank} did not start within {_START_TIMEOUT_S:g}s")
-        kind, payload = conn.recv()
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"rank {rank} on another node went away while starting") from exc
         if kind == "error":
             raise RuntimeError(f"tensor-parallel rank {rank} failed to start: {payload}")
         assert kind == expected, (kind, expected)
@@ -154,6 +188,13 @@ class TensorParallelExecutor:
         self.group.flush_timings()
         self._send(("step", self._encoder.encode(batch), list(lora_writes)))
 
+    def finish_step(self) -> None:
+        """With pipeline stages: rank 0 samples the oldest step in flight now; stage 0's other tensor-parallel
+        ranks join its logits' gather (call right before rank 0's `ModelRunner.finish`)."""
+        self.raise_if_failed()
+        if self.layout.tp_size > 1:
+            self._send(("finish",), ranks=range(1, self.layout.tp_size))
+
     def raise_if_failed(self) -> None:
         if self.failure is not None:
             raise self.failure
@@ -167,10 +208,12 @@ class TensorParallelExecutor:
             time.sleep(0.05)
         return self.failure
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: tuple[Any, ...], ranks: Sequence[int] | None = None) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             for rank, conn in enumerate(self.conns, start=1):
+                if ranks is not None and rank not in ranks:
+                    continue
                 try:
                     conn.send_bytes(data)
                 except OSError as exc:
@@ -207,6 +250,15 @@ class TensorParallelExecutor:
         for rank, proc in enumerate(self.procs, start=1):
             if not proc.is_alive():
                 return f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+        if self._watching:  # once started, another node's rank never writes: anything readable is its end
+            for rank in self.remote:
+                try:
+                    gone = self.conns[rank - 1].poll(0)
+                except OSError:
+                    gone = True
+                if gone:
+                    node = rank // self.remote.start  # (node 0 runs ranks 0 .. remote.start - 1; so does each)
+                    return f"rank {rank} on node {node} closed its connection (its process or node is gone)"
         return None
 
     def _check_and_fail(self) -> None:
@@ -223,6 +275,9 @@ class TensorParallelExecutor:
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
+        for rank in self.remote:  # the other nodes' ranks read the end of their channel and exit
+            with contextlib.suppress(OSError):
+                self.conns[rank - 1].close()
         for callback in self._on_failure:
             try:
                 callback(self.failure)
@@ -263,8 +318,11 @@ class TensorParallelExecutor:
                 proc.kill()
                 proc.join(5)
         for conn in self.conns:
-            conn.close()
+            with contextlib.suppress(OSError):
+                conn.close()
         if self.failure is None:
+            if self.link is not None:
+                self.link.flush()
             self.group.close()  # after a failure a peer is gone: tearing the group down could block
         torch.set_num_threads(self._threads_before)
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -278,7 +336,8 @@ def _exit_later() -> None:
     os._exit(1)
 
 
-def _rank_device(device: str, rank: int, size: int) -> torch.device:
+def rank_device(device: str, rank: int, size: int) -> torch.device:
+    """The device of local rank ``rank`` of the ``size`` a node runs."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":

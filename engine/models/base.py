@@ -23,6 +23,7 @@ from folio.engine.layers.rotary import RotaryEmbedding
 from folio.engine.layers.weights import Index, checkpoint_targets, empty_param, finish_loading
 
 if TYPE_CHECKING:
+    from folio.engine.distributed.pipeline import StageLink
     from folio.engine.distributed.sharding import VocabParallel
 
 # llama.cpp's tensor names inside a block → the Hugging Face names (Llama's layout)
@@ -54,16 +55,23 @@ class DecoderLM(nn.Module):
     # vocabulary's rows of the embedding table and LM head.
     vocab_parallel: VocabParallel | None = None
     greedy_screen: greedy_head.GreedyScreen | None = None  # float32 on a CPU with bfloat16 GEMMs
+    # Set on a pipeline-parallel rank (`folio.engine.distributed.pipeline`): where activations come from and go.
+    pipe: StageLink | None = None
 
-    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_position: int, layers: range | None = None) -> None:
+        """``layers``: the decoder layers this process runs (a pipeline stage's; default all). The first stage
+        holds the embeddings and the LM head (it computes the logits), the last the final norm."""
         super().__init__()
         self.config = cfg
         self.max_position = max_position
+        self.layer_range = range(cfg.num_hidden_layers) if layers is None else layers
+        first, last = self.layer_range.start == 0, self.layer_range.stop == cfg.num_hidden_layers
         self.make_shared()
-        self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(self.make_layer(i) for i in range(cfg.num_hidden_layers))
-        self.norm = self.make_norm(cfg.hidden_size)
-        self.lm_head = None if cfg.tie_word_embeddings else empty_param(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size) if first else None
+        self.layers = nn.ModuleList(self.make_layer(i) for i in self.layer_range)
+        self.norm = self.make_norm(cfg.hidden_size) if last else None
+        untied = first and not cfg.tie_word_embeddings
+        self.lm_head = empty_param(cfg.vocab_size, cfg.hidden_size) if untied else None
         # each distinct rotary embedding; the PyTorch path computes its cos/sin once per step
         self._rotaries = list({id(m): m for m in self.modules() if isinstance(m, RotaryEmbedding)}.values())
 
@@ -96,6 +104,7 @@ class DecoderLM(nn.Module):
         return self.lookup_embeddings(input_ids)
 
     def lookup_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None, "embeddings live on the first pipeline stage"
         if self.vocab_parallel is not None:
             return self.vocab_parallel.embed(input_ids, self.embed_tokens)
         return F.embedding(input_ids, self.embed_tokens)
@@ -109,17 +118,28 @@ class DecoderLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         ctx: AttentionContext,
         rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """Hidden states [T, hidden] of the step's tokens (final norm applied); with ``rows`` only those
         rows', in that order: the last layer then skips its output projection and feed-forward block for
-        the rest (a prompt's tokens but its last, whose K/V every layer has stored by then)."""
-        x = self.embed(input_ids)
+        the rest (a prompt's tokens but its last, whose K/V every layer has stored by then).
+
+        A pipeline stage takes its input from the previous stage (all but the first) and hands its output to
+        the next (all but the last, which return None)."""
+        pipe = self.pipe
+        if pipe is None or pipe.first:
+            x, residual = self.embed(input_ids), None
+        else:
+            x, residual = pipe.recv_activations(input_ids.shape[0])
         if not ctx.use_kernels:
             ctx.rope_cos_sin = {r: r.cos_sin(positions, x.dtype) for r in self._rotaries}
-        residual = None
-        last = len(self.layers) - 1
+        last = len(self.layers) - 1 if pipe is None or pipe.last else -1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = layer(positions, x, residual, kv_cache, ctx, rows if i == last else None)
+        if pipe is not None and not pipe.last:
+            assert residual is not None
+            pipe.send_activations(x, residual)
+            return None
+        assert self.norm is not None
         x, _ = self.norm(x, residual)
         return x
 
@@ -132,6 +152,7 @@ class DecoderLM(nn.Module):
         """Logits in float32, or with ``float32=False`` in whatever dtype holds them exactly (the sampler
         widens what it needs; greedy decoding reads them as they are)."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        assert weight is not None, "the LM head lives on the first pipeline stage"
         logits = linear(hidden, weight)
         if self.vocab_parallel is not None:  # rank 0 gets every rank's columns, the others their own
             logits = self.vocab_parallel.gather_logits(logits)
@@ -163,6 +184,8 @@ class DecoderLM(nn.Module):
             # 640 MiB, in float32): the vocabulary-wide GEMM is the largest of a step, 1.2x faster at batch 64,
             # 1.8x at 8.
             head = self.embed_tokens if self.lm_head is None else self.lm_head
+            if head is None:  # a later pipeline stage: no head
+                return
             if greedy_head.available(dtype) and self.vocab_parallel is None:
                 # greedy steps screen the vocabulary in bfloat16 (a copy at half the head's size) and recompute
                 # the few tokens left in float32 from ``head`` (the embedding itself when tied)
@@ -187,14 +210,15 @@ class DecoderLM(nn.Module):
 
     def checkpoint_targets(self) -> dict[str, tuple[str, Index]]:
         """Hugging Face checkpoint name → (parameter name, index into it)."""
-        targets: dict[str, tuple[str, Index]] = {
-            "model.embed_tokens.weight": ("embed_tokens", ()),
-            "model.norm.weight": ("norm.weight", ()),
-        }
+        targets: dict[str, tuple[str, Index]] = {}
+        if self.embed_tokens is not None:
+            targets["model.embed_tokens.weight"] = ("embed_tokens", ())
+        if self.norm is not None:
+            targets["model.norm.weight"] = ("norm.weight", ())
         if self.lm_head is not None:
             targets["lm_head.weight"] = ("lm_head", ())
-        for i, layer in enumerate(self.layers):
-            targets |= checkpoint_targets(layer, f"layers.{i}.", f"model.layers.{i}.")
+        for i, (layer, index) in enumerate(zip(self.layers, self.layer_range, strict=True)):
+            targets |= checkpoint_targets(layer, f"layers.{i}.", f"model.layers.{index}.")
         return targets
 
     @classmethod

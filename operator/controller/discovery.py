@@ -8,6 +8,7 @@ Folio may create (every kind of `MANAGED_KINDS` outside Kubernetes' own groups),
 | InferencePool (inference.networking.k8s.io/v1) | spec.router.inferencePool (or --inference-pool)      | InferencePoolUnavailable    |
 | HTTPRoute (gateway.networking.k8s.io/v1)       | spec.router.gateway, with InferencePools             | HTTPRouteUnavailable        |
 | ScaledObject (keda.sh/v1alpha1)                | spec.autoscaling.keda                                | ScaledObjectUnavailable     |
+| LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)  | a replica spanning several pods (args and GPUs)      | LeaderWorkerSetUnavailable  |
 
 A service that asks for none of them never looks (no discovery call, nothing in status). Where the CRD
 of one it asks for is absent, kopf leaves the kind's index empty and an apply would fail every pass; instead the pass leaves such children out of the plan, keeps serving, and
@@ -23,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from folio.operator.k8s.client import Kube
-from folio.operator.k8s.names import HTTP_ROUTE, INFERENCE_POOL, PLURALS, SCALED_OBJECT
-from folio.operator.serving import keda
+from folio.operator.k8s.names import HTTP_ROUTE, INFERENCE_POOL, LEADER_WORKER_SET, PLURALS, SCALED_OBJECT
+from folio.operator.serving import keda, parallel
 from folio.operator.serving.inference_pool import wanted
 from folio.operator.serving.objects import PlanSettings
 from folio.operator.spec import InferenceServiceSpec
@@ -74,6 +75,15 @@ OPTIONALS: tuple[OptionalKind, ...] = (
         f"{_crd(SCALED_OBJECT)} ({SCALED_OBJECT[0]}): install KEDA (its CRDs and operator). "
         f"Serving goes on, scaled by Folio's own autoscaler, until it is installed",
         lambda spec, settings: keda.enabled(spec),
+    ),
+    OptionalKind(
+        LEADER_WORKER_SET,
+        "LeaderWorkerSetUnavailable",
+        f"a replica spans several pods (tensorParallelSize × pipelineParallelSize needs more GPUs than "
+        f"spec.engine.resources gives one pod), but the cluster does not serve {_crd(LEADER_WORKER_SET)} "
+        f"({LEADER_WORKER_SET[0]}): install LeaderWorkerSet (kubernetes-sigs/lws). The revision's engines "
+        f"cannot start until it is installed; revisions already serving go on",
+        lambda spec, settings: parallel.group_size(spec.engine, spec.engine.args) > 1,
     ),
 )
 # Optional kind -> (the condition's reason, what to tell the user) when the cluster does not serve it.

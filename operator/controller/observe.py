@@ -1,7 +1,10 @@
 """The rollout's facts from an InferenceService's children, as `rollout.Observed`.
 
 The pure parts (`job_weights`, `ready_replicas`, `crash_looping`, `router_metrics_urls`) read one
-object each and are unit-tested; `observe` reads the children the indexes hold. Weights already
+object each and are unit-tested; `observe` reads the children the indexes hold. A revision's engines are
+a Deployment or, when a replica spans several pods, a LeaderWorkerSet (`folio.operator.serving.lws`): its
+``readyReplicas`` counts groups whose every pod is ready, so the rollout and the autoscaler count groups,
+and only a group's leader (worker index 0) serves, so only leaders are engines to call or scrape. Weights already
 verified in status are not looked up again: the pre-pull Job is gone once they are.
 """
 
@@ -15,6 +18,8 @@ from folio.operator.controller.children import Children, Obj
 from folio.operator.k8s.names import (
     ADAPTERS_GATE,
     ENGINE_PORT,
+    LEADER_WORKER_SET,
+    LWS_WORKER_INDEX_LABEL,
     ROUTER_PORT,
     component_labels,
     engine_name,
@@ -51,14 +56,26 @@ def _revision_facts(children: Children, isvc: str, rev: str, status: InferenceSe
         weights, message = "ready", ""
     else:
         weights, message = prepull_weights(children, isvc, rev)
-    deployment = children.get("apps/v1", "Deployment", engine_name(isvc, rev))
-    pods = children.pods_with(component_labels(isvc, "engine", rev)) if deployment else []
+    workload = engine_workload(children, isvc, rev)
+    pods = children.pods_with(component_labels(isvc, "engine", rev)) if workload else []
     return RevisionFacts(
         weights=weights,
         weights_message=message,
-        ready_replicas=ready_replicas(deployment),
+        ready_replicas=ready_replicas(workload),
         crash_looping=crash_looping(pods),
     )
+
+
+def engine_workload(children: Children, isvc: str, rev: str) -> Obj | None:
+    """The revision's Deployment or LeaderWorkerSet (the same name: the plan makes one or the other)."""
+    name = engine_name(isvc, rev)
+    return children.get("apps/v1", "Deployment", name) or children.get(*LEADER_WORKER_SET, name)
+
+
+def group_worker(pod: Obj) -> bool:
+    """A LeaderWorkerSet's worker pod: its ranks only, no HTTP (the leader serves for the group)."""
+    index = ((pod.get("metadata") or {}).get("labels") or {}).get(LWS_WORKER_INDEX_LABEL)
+    return index is not None and index != "0"
 
 
 def prepull_weights(children: Children, isvc: str, rev: str) -> tuple[WeightsState, str]:
@@ -74,7 +91,7 @@ def engine_pods(children: Children, isvc: str, rev: str | None = None) -> list[O
     the engine answers), whether or not the pod is Ready: its adapters readiness gate (`ADAPTERS_GATE`) waits
     on what they load."""
     return [p for p in children.pods_with(component_labels(isvc, "engine", rev))
-            if not (p.get("metadata") or {}).get("deletionTimestamp") and pod_host(p)
+            if not (p.get("metadata") or {}).get("deletionTimestamp") and pod_host(p) and not group_worker(p)
             and _condition(p, "ContainersReady") is not None]  # fmt: skip
 
 
@@ -125,10 +142,11 @@ def job_weights(job: Obj | None, pods: Sequence[Obj] = ()) -> tuple[WeightsState
     return "pending", f"pre-pull running (attempt {attempts + 1})" if status.get("active") else "pre-pull pending"
 
 
-def ready_replicas(deployment: Obj | None) -> int:
-    if deployment is None:
+def ready_replicas(workload: Obj | None) -> int:
+    """A Deployment's ready pods, or a LeaderWorkerSet's ready groups (the same field)."""
+    if workload is None:
         return 0
-    return int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    return int((workload.get("status") or {}).get("readyReplicas") or 0)
 
 
 def crash_looping(pods: Sequence[Obj]) -> bool:
@@ -164,13 +182,14 @@ def engine_capacity(children: Children, isvc: str, status: InferenceServiceStatu
     for rev in status.revisions:
         if rev.role not in RUNNING_ROLES:
             continue
-        deployment = children.get("apps/v1", "Deployment", engine_name(isvc, rev.name))
-        if deployment is None:
+        workload = engine_workload(children, isvc, rev.name)
+        if workload is None:
             continue
-        up = ready_replicas(deployment)
+        up = ready_replicas(workload)  # groups, for a LeaderWorkerSet: the replicas the autoscaler counts
         ready += up
-        starting += max(0, int((deployment.get("spec") or {}).get("replicas") or 0) - up)
-        pods = [p for p in children.pods_with(component_labels(isvc, "engine", rev.name)) if pod_ready(p)]
+        starting += max(0, int((workload.get("spec") or {}).get("replicas") or 0) - up)
+        pods = [p for p in children.pods_with(component_labels(isvc, "engine", rev.name))
+                if pod_ready(p) and not group_worker(p)]
         urls += [f"http://{pod_host(p)}:{engine_metrics_port(p)}/metrics" for p in pods if pod_host(p)]
     return ready, starting, sorted(urls)
 

@@ -37,6 +37,12 @@ def pod_engine_url(pod: dict[str, Any]) -> str:
     ip = (pod.get("status") or {}).get("podIP") or ""
     return f"http://{f'[{ip}]' if ':' in ip else ip}:{ENGINE_PORT}"
 ENGINE_METRICS_PORT = 8001  # its /metrics alone (`--metrics-port`): the port a scraper is admitted to
+# A multi-node engine's rendezvous: `folio serve --master-port` (torch's TCPStore on the leader) and the port
+# after it (rank 0's step channel); the pods of a group reach each other there and nowhere else but the range below.
+ENGINE_MASTER_PORT = 29500
+# Where gloo and NCCL listen for their peer connections: ports the kernel picks from its ephemeral range
+# (Linux's default net.ipv4.ip_local_port_range), so a NetworkPolicy can only name the range.
+EPHEMERAL_PORTS = (32768, 60999)
 ROUTER_PORT = 8080  # `folio router` in a router pod
 ROUTER_SERVICE_PORT = 80  # the InferenceService's stable endpoint: Service `{isvc}`, port 80
 
@@ -45,6 +51,16 @@ INFERENCE_POOL: tuple[str, str] = ("inference.networking.k8s.io/v1", "InferenceP
 # The Gateway API route that splits a Gateway's traffic over those pools by status.traffic.
 HTTP_ROUTE: tuple[str, str] = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 SCALED_OBJECT: tuple[str, str] = ("keda.sh/v1alpha1", "ScaledObject")  # KEDA's, with spec.autoscaling.keda
+# A revision whose replica spans several pods (`folio.operator.serving.lws`): kubernetes-sigs/lws's.
+LEADER_WORKER_SET: tuple[str, str] = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+# Set by LeaderWorkerSet on its pods: "0" on a group's leader, 1..size-1 on its workers.
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # the LeaderWorkerSet a pod belongs to
+# The environment LeaderWorkerSet gives every container of a group (and `folio up` its group's processes):
+# the leader's address, the pods in the group, the pod's index in it (`folio serve` reads all three).
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
 # Fleet rollouts (`folio.operator.fleet`): read and watched, its status written; never planned or pruned.
 ROLLOUT_POLICY: tuple[str, str] = (API_VERSION, "RolloutPolicy")
 
@@ -67,6 +83,7 @@ PLURALS: dict[tuple[str, str], str] = {
     INFERENCE_POOL: "inferencepools",
     HTTP_ROUTE: "httproutes",  # only with InferencePools and spec.router.gateway
     SCALED_OBJECT: "scaledobjects",  # only with spec.autoscaling.keda (KEDA installed)
+    LEADER_WORKER_SET: "leaderworkersets",  # only for a revision whose replica spans several pods
     (API_VERSION, KIND): PLURAL,
     ROLLOUT_POLICY: "rolloutpolicies",
 }
@@ -85,6 +102,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     HTTP_ROUTE,  # likewise, with the pools and a Gateway to attach to
     # Without KEDA in the cluster kopf logs that it cannot watch these, and there are none to prune.
     SCALED_OBJECT,
+    LEADER_WORKER_SET,  # likewise without LeaderWorkerSet's CRD
 )
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -134,7 +152,7 @@ def has_labels(obj: dict, labels: dict[str, str]) -> bool:
 
 
 def engine_name(isvc: str, revision: str) -> str:
-    """The engine Deployment and its headless Service."""
+    """The engine Deployment (or LeaderWorkerSet) and its headless Service."""
     return f"{isvc}-{revision}"
 
 
@@ -181,6 +199,11 @@ def disruption_budget_name(isvc: str, component: Component) -> str:
 def network_policy_name(isvc: str) -> str:
     """The NetworkPolicy that admits only the router (and the operator) to the engine pods."""
     return f"{isvc}-engine"
+
+
+def group_policy_name(isvc: str, revision: str) -> str:
+    """The NetworkPolicy that lets the pods of a revision's LeaderWorkerSet reach each other's collectives."""
+    return f"{engine_name(isvc, revision)}-group"
 
 
 def inference_pool_name(isvc: str, revision: str) -> str:

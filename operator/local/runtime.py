@@ -6,7 +6,8 @@ router's metrics every analysis interval), asks the same pure state machine the 
 (`folio.operator.serving.plan`) for what should run, then makes the processes match it: an engine
 group of the plan's replicas per running revision, each with the plan's command line, a pre-pull
 for each revision whose weights are not verified yet, and the plan's router config written to the
-file its router follows. Status is saved after every change, so a restarted `folio up` resumes
+file its router follows (a revision whose replica spans several pods in a cluster runs each replica as
+that many processes: `replica_processes`). Status is saved after every change, so a restarted `folio up` resumes
 the same revisions at the same step.
 """
 
@@ -28,7 +29,7 @@ from rich.markup import escape
 
 from folio.operator.local.render import status_table
 from folio.operator.local.state import SavedState, StateDir, write_json_atomic
-from folio.operator.local.supervisor import Supervisor
+from folio.operator.local.supervisor import Process, Supervisor
 from folio.operator.parity import SuitePrompt, local_suite
 from folio.operator.prepull import ProgressBar, WeightsError, prepull
 from folio.operator.reconcile import Capacity, Memory, Target, run_pass
@@ -50,6 +51,7 @@ from folio.operator.spec import (
 )
 
 ROUTER = "router"
+LOOPBACK = "127.0.0.1"  # a group's leader, for its workers (`LWS_LEADER_ADDRESS`)
 TICK_S = 0.5
 # How long a step waits for the router to report a config it was just given (it re-reads its file every 0.2 s).
 ROUTER_FOLLOW_S = 5.0
@@ -59,6 +61,17 @@ SETTLED_PHASES = ("Ready", "Promoted", "RolledBack", "Failed", "Paused")
 def folio_argv(*args: str) -> list[str]:
     """`folio …` run with this interpreter, so children use the same environment."""
     return [sys.executable, "-m", "folio.operator.cli", *args]
+
+
+def replica_processes(rev: RevisionPlan, port: int, master_port: int) -> list[Process]:
+    """A replica that spans several pods in a cluster (a LeaderWorkerSet's group), as processes on this
+    machine wired the same way: node 0 serves on ``port``, nodes 1.. are `--headless` workers, each with the
+    environment LeaderWorkerSet would give its pod (the leader on loopback), all on the replica's own
+    ``master_port``."""
+    leader = (folio_argv("serve", *rev.serve_args(port, master_port)), rev.group_env(0, LOOPBACK))
+    workers = [(folio_argv("serve", *rev.worker_args(master_port)), rev.group_env(node, LOOPBACK))
+               for node in range(1, rev.group_size)]
+    return [leader, *workers]
 
 
 @dataclass
@@ -316,10 +329,15 @@ class LocalRuntime:
                     self.supervisor.scale_down(rev.name, 0)
                 continue
             if not self.supervisor.has(rev.name):
-                self._say(f"starting {rev.replicas} replica(s) of revision {escape(rev.name)}")
-            self.supervisor.ensure(
-                rev.name, rev.replicas, lambda port, rev=rev: folio_argv("serve", *rev.serve_args(port))
-            )
+                each = f" of {rev.group_size} processes each" if rev.group_size > 1 else ""
+                self._say(f"starting {rev.replicas} replica(s){each} of revision {escape(rev.name)}")
+            if rev.group_size > 1:
+                self.supervisor.ensure_groups(
+                    rev.name, rev.replicas, lambda port, master, rev=rev: replica_processes(rev, port, master))
+            else:
+                self.supervisor.ensure(
+                    rev.name, rev.replicas, lambda port, rev=rev: folio_argv("serve", *rev.serve_args(port))
+                )
             self.supervisor.scale_down(rev.name, rev.replicas)
 
     def _pull_weights(self, rev: RevisionPlan) -> None:

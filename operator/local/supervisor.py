@@ -1,7 +1,11 @@
 """Child processes of `folio up`: started on free loopback ports, health-probed, restarted, stopped.
 
 Processes are kept in named groups (one per revision, one for the router). Each replica keeps its
-port across restarts, so the router's endpoint list stays valid. A process that exits is restarted
+port across restarts, so the router's endpoint list stays valid. A replica may be several processes
+(`ensure_groups`: a revision whose replica spans several pods in a cluster, a LeaderWorkerSet's group):
+the first serves and is probed, the others are its workers, and when any of them exits the whole replica
+is killed and restarted together, as LeaderWorkerSet's ``RecreateGroupOnPodRestart`` does (a group that
+lost a rank cannot serve). A process that exits is restarted
 after an exponential backoff; a group whose processes exited ``crash_limit`` times within
 ``crash_window`` seconds is *crash-looping*, which the rollout treats as a failing revision. A process
 that was healthy and then fails its health probe for ``unhealthy_timeout`` seconds (alive but unable to
@@ -45,6 +49,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair(host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """A port P such that P and P + 1 are free right now (a group's `--master-port` and its step channel)."""
+    for _ in range(attempts):
+        port = free_port(host)
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port + 1))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no two consecutive free ports found on {host} in {attempts} attempts")
+
+
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec: keep it tiny
         if _LIBC is not None:
@@ -56,14 +75,26 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
 
 
 @dataclass
+class Worker:
+    """A process of a replica beside the one that serves (a group's worker): its ranks only, no HTTP."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
 class Replica:
-    """One slot of a group: a port, and the process currently filling it (if any)."""
+    """One slot of a group: a port, and the process currently filling it (if any), with its workers."""
 
     group: str
     index: int
     port: int
     argv: list[str]
     log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # besides the supervisor's
+    workers: list[Worker] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     next_start: float = 0.0  # monotonic time of the next (re)start
@@ -80,11 +111,24 @@ class Replica:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return all(p is not None and p.poll() is None for p in self.procs(running=False))
+
+    def procs(self, running: bool = True) -> list[subprocess.Popen[bytes] | None]:
+        """Its processes, the serving one first (``running``: only those started)."""
+        found = [self.proc, *(w.proc for w in self.workers)]
+        return [p for p in found if p is not None] if running else found
+
+    def exited(self) -> subprocess.Popen[bytes] | None:
+        """The first of its processes that has exited, if any."""
+        return next((p for p in self.procs() if p.poll() is not None), None)
 
 
 # argv for a replica, given its port
 ArgvFactory = Callable[[int], list[str]]
+# A replica of several processes, given its port and its group's master port: each process's argv and
+# environment (besides the supervisor's), the one that serves on the port first.
+Process = tuple[list[str], dict[str, str]]
+GroupFactory = Callable[[int, int], list[Process]]
 
 
 class Supervisor:
@@ -128,6 +172,18 @@ class Supervisor:
             slots.append(
                 Replica(group, index, slot_port, argv(slot_port), self.logs_dir / f"{group}-{index}.log")
             )
+
+    def ensure_groups(self, group: str, replicas: int, processes: GroupFactory) -> None:
+        """Make ``group`` have ``replicas`` slots of several processes each (``processes``: given the slot's
+        port and a master port of its own); new slots start at the next ``tick``."""
+        slots = self.groups.setdefault(group, [])
+        while len(slots) < replicas:
+            index, port = len(slots), free_port()
+            (argv, env), *rest = processes(port, free_port_pair())
+            slot = Replica(group, index, port, argv, self.logs_dir / f"{group}-{index}.log", env=env)
+            slot.workers = [Worker(w_argv, w_env, self.logs_dir / f"{group}-{index}-node{node}.log")
+                            for node, (w_argv, w_env) in enumerate(rest, start=1)]
+            slots.append(slot)
 
     def has(self, group: str) -> bool:
         return group in self.groups
@@ -174,7 +230,7 @@ class Supervisor:
 
     def pids(self, group: str | None = None) -> list[int]:
         groups = [self.groups.get(group, [])] if group is not None else list(self.groups.values())
-        return [r.proc.pid for slots in groups for r in slots if r.alive and r.proc]
+        return [p.pid for slots in groups for r in slots if r.alive for p in r.procs()]
 
     # ----------------------------------------------------------------- work
 
@@ -184,7 +240,7 @@ class Supervisor:
         probes = []
         for slots in self.groups.values():
             for r in slots:
-                if r.proc is not None and r.proc.poll() is not None:
+                if r.proc is not None and r.exited() is not None:
                     self._reaped(r, now)
                 if r.proc is None and now >= r.next_start:
                     self._start(r)
@@ -193,36 +249,52 @@ class Supervisor:
         await asyncio.gather(*probes)
 
     def _reaped(self, r: Replica, now: float) -> None:
-        assert r.proc is not None
-        code = r.proc.returncode
-        self._kill_group(r.proc.pid, signal.SIGKILL)  # anything it left behind
+        exited = r.exited()
+        assert exited is not None
+        code = exited.returncode
+        node = r.procs().index(exited)
+        # anything it left behind and, for a group, its other processes: a group that lost one cannot serve
+        for proc in r.procs():
+            self._kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)  # reaped at once after SIGKILL: no zombie left
         r.proc, r.ready, r.last_exit_code = None, False, code
+        for w in r.workers:
+            w.proc = None
         r.exits.append(now)
         while r.exits and r.exits[0] < now - self.crash_window:
             r.exits.popleft()
         delay = min(self.backoff_max, self.backoff_base * 2 ** (len(r.exits) - 1))
         r.next_start = now + delay
         r.restarts += 1
-        self.on_event(
-            f"{r.group} replica {r.index} exited with code {code}; restart {r.restarts} in {delay:.1f}s "
-            f"(log: {r.log_path})"
-        )
+        what = f"{r.group} replica {r.index}"
+        if r.workers:
+            log = r.workers[node - 1].log_path if node else r.log_path
+            what += f" (node {node} of {len(r.workers) + 1}: the whole group restarts)"
+        else:
+            log = r.log_path
+        self.on_event(f"{what} exited with code {code}; restart {r.restarts} in {delay:.1f}s (log: {log})")
 
     def _start(self, r: Replica) -> None:
-        r.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with r.log_path.open("ab") as log:
-            log.write(f"\n--- starting: {' '.join(r.argv)}\n".encode())
+        r.proc = self._spawn(r.argv, r.env, r.log_path)
+        for w in r.workers:
+            w.proc = self._spawn(w.argv, w.env, w.log_path)
+        r.started_at, r.ready, r.served, r.unhealthy_since = time.monotonic(), False, False, None
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            log.write(f"\n--- starting: {' '.join(argv)}\n".encode())
             log.flush()
-            r.proc = subprocess.Popen(
-                r.argv,
+            return subprocess.Popen(
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env={**(self.env if self.env is not None else os.environ), **env} if env else self.env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent(os.getpid()),  # tiny and fork-safe
             )
-        r.started_at, r.ready, r.served, r.unhealthy_since = time.monotonic(), False, False, None
 
     async def _probe(self, r: Replica) -> None:
         try:
@@ -247,17 +319,20 @@ class Supervisor:
             r.unhealthy_since = None
 
     async def _stop(self, r: Replica) -> None:
-        proc, r.proc, r.ready = r.proc, None, False
-        if proc is None:
-            return
-        self._kill_group(proc.pid, signal.SIGTERM)
+        procs = r.procs()
+        r.proc, r.ready = None, False
+        for w in r.workers:
+            w.proc = None
+        for proc in procs:  # the whole group at once: the serving one drains, its workers follow it
+            self._kill_group(proc.pid, signal.SIGTERM)
         started = time.monotonic()
         # stop_timeout is read on every turn: a second Ctrl-C sets it to 0 to stop at once
-        while proc.poll() is None and time.monotonic() - started < self.stop_timeout:
+        while any(p.poll() is None for p in procs) and time.monotonic() - started < self.stop_timeout:
             await asyncio.sleep(0.05)
-        self._kill_group(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+        for proc in procs:
+            self._kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
 
     @staticmethod
     def _kill_group(pgid: int, sig: signal.Signals) -> None:

@@ -30,6 +30,10 @@ ArgKind = Literal["int", "float", "str", "bool", "switch", "json"]
 OPERATOR_FLAGS = frozenset(
     {"model", "digest", "servedModelName", "port", "metricsPort", "host", "revision", "tokenizer"}
 )
+# Set by the operator (or by LeaderWorkerSet's environment) for a replica that spans several pods
+# (`folio.operator.serving.parallel`); never from engine.args either.
+GROUP_FLAGS = frozenset({"nnodes", "nodeRank", "masterAddr", "masterPort", "headless"})
+HEADLESS = "--headless"  # a group's worker: its ranks only, no HTTP
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                "switch": "true or false", "json": "a JSON object (or its text)"}
@@ -60,6 +64,26 @@ def serve_args(
         # NetworkPolicy keeps the endpoints to the operator and routers, which never forward them
         pinned.append("--allow-runtime-lora-updating")
     return [*pinned, *flags]
+
+
+def group_flags(nnodes: int, master_port: int) -> list[str]:
+    """What ties a replica's ``nnodes`` pods (or `folio up` processes) together; each one's rank and the
+    leader's address come from LeaderWorkerSet's environment (`LWS_WORKER_INDEX`, `LWS_LEADER_ADDRESS`)."""
+    return ["--nnodes", str(nnodes), "--master-port", str(master_port)] if nnodes > 1 else []
+
+
+def worker_args(model: ModelSource, flags: Sequence[str], *, weights: str, served_name: str, nnodes: int,
+                master_port: int) -> list[str]:
+    """`folio serve`'s arguments for a group's worker (node rank > 0): the leader's, less where it listens (a
+    worker serves no HTTP), plus `--headless`."""
+    pinned = ["--model", weights, "--served-model-name", served_name]
+    if model.revision:
+        pinned += ["--revision", model.revision]
+    if model.digest:
+        pinned += ["--digest", model.digest]
+    if "--enable-lora" in flags and "--allow-runtime-lora-updating" not in flags:
+        pinned.append("--allow-runtime-lora-updating")  # as the leader's: the ranks must agree on their flags
+    return [*pinned, *flags, *group_flags(nnodes, master_port), HEADLESS]
 
 
 @dataclass(frozen=True)
@@ -94,7 +118,7 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Flag]:
         if not names or action.default == argparse.SUPPRESS:  # --help, --version and hidden flags
             continue
         key = camel(names[0][2:])
-        if key in OPERATOR_FLAGS:
+        if key in OPERATOR_FLAGS or key in GROUP_FLAGS:
             continue
         kind: ArgKind
         if isinstance(action, argparse.BooleanOptionalAction):
@@ -141,6 +165,10 @@ def arg_problems(args: Mapping[str, EngineArgValue], table: Mapping[str, Flag] |
         value, flag = args[key], table.get(key)
         if key in OPERATOR_FLAGS:
             problems.append((key, f"{key!r} is set by the operator from spec.model and cannot be overridden"))
+        elif key in GROUP_FLAGS:
+            problems.append((key, f"{key!r} is set by the operator for a replica that spans several pods (from "
+                                  "tensorParallelSize × pipelineParallelSize and the GPUs of spec.engine.resources) "
+                                  "and cannot be set in spec.engine.args"))
         elif flag is None:
             problems.append((key, f"unknown engine arg {key!r}"))
         elif not _fits(flag.kind, value):

@@ -64,7 +64,9 @@ def query(auto: AutoscalingSpec, namespace: str, isvc: str, revision: str) -> st
 
 
 def scaled_object(spec: InferenceServiceSpec, namespace: str, isvc: str, revision: str, role: RevisionRole,
-                  owner: Obj) -> Obj:
+                  owner: Obj, target: tuple[str, str] = ("apps/v1", "Deployment")) -> Obj:
+    """``target``: (apiVersion, kind) of the revision's engines, a Deployment or a LeaderWorkerSet (whose scale
+    subresource counts groups)."""
     auto = spec.autoscaling
     prometheus = spec.rollout.analysis.prometheus
     assert auto is not None and prometheus is not None, "check() first"
@@ -76,7 +78,7 @@ def scaled_object(spec: InferenceServiceSpec, namespace: str, isvc: str, revisio
         "metadata": {"name": name, "namespace": namespace, "labels": component_labels(isvc, "engine", revision),
                      "ownerReferences": [owner]},
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "scaleTargetRef": {"apiVersion": target[0], "kind": target[1], "name": name},
             "minReplicaCount": max(auto.min_replicas, 1) if role == "Canary" else auto.min_replicas,
             "maxReplicaCount": auto.max_replicas,
             "pollingInterval": POLLING_S,

@@ -13,6 +13,10 @@ the cluster could otherwise call them directly. `{isvc}-engine` has two ingress 
   deployed (`folio.operator.serving.endpoint_picker`), also this InferenceService's pickers, which
   score the engines by those metrics.
 
+A revision whose replicas span several pods (a LeaderWorkerSet, `folio.operator.serving.lws`) gets
+`{isvc}-{rev}-group` besides: its pods admit each other, and only each other, on the rendezvous ports
+(`--master-port` and the next) and the ephemeral range gloo and NCCL listen on.
+
 The pickers get a policy of their own, `{isvc}-epp`: the gateway (the same labels) reaches their ext-proc
 port only, and metrics scrapers their metrics port; nothing else reaches them.
 
@@ -24,7 +28,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from folio.operator.k8s.names import ENGINE_METRICS_PORT, ENGINE_PORT, component_labels, selector
+from folio.operator.k8s.names import (
+    ENGINE_MASTER_PORT,
+    ENGINE_METRICS_PORT,
+    ENGINE_PORT,
+    EPHEMERAL_PORTS,
+    component_labels,
+    selector,
+)
 from folio.operator.spec import InferenceServiceSpec
 
 Obj = dict[str, Any]
@@ -74,6 +85,35 @@ def engine_network_policy(
             "ingress": ingress,
         },
     }
+
+
+def group_network_policy(isvc: str, revision: str, spec: InferenceServiceSpec, *, meta: Obj) -> Obj | None:
+    """The policy that lets the pods of ``revision``'s LeaderWorkerSet reach each other's collectives, or None
+    when the spec opts out. Policies add up: with `engine_network_policy`, a group's pods admit the router and
+    the operator to the API as every engine does, and only their own revision's pods to these ports."""
+    if not spec.network_policy.enabled:
+        return None
+    group = selector(isvc, "engine", revision)  # one revision, one LeaderWorkerSet
+    low, high = EPHEMERAL_PORTS
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": {"matchLabels": dict(group)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {"matchLabels": dict(group)}}],
+                "ports": [
+                    # the leader's TCPStore (rendezvous) and rank 0's step channel
+                    {"protocol": "TCP", "port": ENGINE_MASTER_PORT, "endPort": ENGINE_MASTER_PORT + 1},
+                    # gloo and NCCL bind their peer sockets to ports the kernel picks from its ephemeral range
+                    # (no option pins them), so only the range can be named
+                    {"protocol": "TCP", "port": low, "endPort": high},
+                ],
+            }],
+        },
+    }  # fmt: skip
 
 
 def endpoint_picker_network_policy(

@@ -1,7 +1,8 @@
 """A serving plan as Kubernetes objects, fully specified for server-side apply.
 
 Per running revision: an engine Deployment `{isvc}-{rev}` (zero replicas while its weights are not
-verified) and a headless Service of the same name, plus the pre-pull Job while those weights are
+verified), or a LeaderWorkerSet of that name when a replica spans several pods (`folio.operator.serving.lws`,
+with a NetworkPolicy `{isvc}-{rev}-group` for its groups' collectives), and a headless Service of the same name, plus the pre-pull Job while those weights are
 pending, and with ``autoscaling.keda`` a KEDA ScaledObject (`folio.operator.serving.keda`); with
 InferencePools an InferencePool (`folio.operator.serving.inference_pool`) and, with an endpoint-picker
 image, its picker's Deployment and Service (`folio.operator.serving.endpoint_picker`).
@@ -23,8 +24,10 @@ from typing import Any
 from folio.operator.k8s.names import (
     ADAPTERS_GATE,
     ENDPOINT_PICKER_CLUSTER_ROLE,
+    ENGINE_MASTER_PORT,
     ENGINE_METRICS_PORT,
     ENGINE_PORT,
+    LWS_WORKER_INDEX_LABEL,
     OVERFLOW_KEY_DIR,
     OVERFLOW_KEY_FILE,
     ROUTER_CLUSTER_ROLE,
@@ -36,6 +39,7 @@ from folio.operator.k8s.names import (
     disruption_budget_name,
     endpoint_picker_policy_name,
     engine_name,
+    group_policy_name,
     network_policy_name,
     router_account_name,
     router_keys_role_name,
@@ -43,7 +47,7 @@ from folio.operator.k8s.names import (
     selector,
 )
 from folio.operator.prepull import CACHE_MOUNT
-from folio.operator.serving import keda, parallel
+from folio.operator.serving import keda, lws, parallel
 from folio.operator.serving.cache import prepull_job, weights_pvc
 from folio.operator.serving.endpoint_picker import EXT_PROC_PORT, endpoint_picker_objects
 from folio.operator.serving.endpoint_picker import METRICS_PORT as PICKER_METRICS_PORT
@@ -53,6 +57,7 @@ from folio.operator.serving.network_policy import (
     endpoint_picker_network_policy,
     endpoint_picker_policy_labels,
     engine_network_policy,
+    group_network_policy,
     policy_labels,
 )
 from folio.operator.serving.plan import RevisionPlan, ServingPlan
@@ -147,10 +152,17 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
     for rev in serving.revisions:
         if rev.pull_weights:
             out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref))
-        out.append(engine_deployment(owner, spec, rev))
-        out.append(engine_service(owner, rev.name))
+        workload = engine_workload(owner, spec, rev)
+        out.append(workload)
+        out.append(engine_service(owner, rev.name, leaders_only=rev.group_size > 1))
+        if rev.group_size > 1:
+            group = group_network_policy(owner.name, rev.name, spec,
+                                         meta=_meta(owner, group_policy_name(owner.name, rev.name), policy_labels(owner.name)))
+            if group is not None:
+                out.append(group)
         if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
-            out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref))
+            out.append(keda.scaled_object(spec, owner.namespace, owner.name, rev.name, rev.role, ref,
+                                          target=(workload["apiVersion"], workload["kind"])))
     for pull in serving.adapters.pulls:
         out.append(prepull_job(owner.name, owner.namespace, pull.revision, pull.pin, image=settings.image, owner=ref,
                                dest=pull.path))
@@ -202,16 +214,67 @@ def grace_period(rev: RevisionPlan) -> int:
     return max(ENGINE_GRACE_S, math.ceil(PRESTOP_SLEEP_S + drain_s + 10))
 
 
+def engine_workload(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPlan) -> Obj:
+    """The revision's engines: a Deployment of one pod per replica or, when a replica spans several pods, a
+    LeaderWorkerSet of groups (`folio.operator.serving.lws`)."""
+    return engine_deployment(owner, spec, rev) if rev.group_size == 1 else engine_leader_worker_set(owner, spec, rev)
+
+
 def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPlan) -> Obj:
     name = engine_name(owner.name, rev.name)
     labels = component_labels(owner.name, "engine", rev.name)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, name, labels),
+        "spec": {
+            "replicas": rev.replicas,  # none before the weights are verified in the cache
+            "selector": {"matchLabels": selector(owner.name, "engine", rev.name)},
+            "template": {"metadata": {"labels": dict(labels)},
+                         "spec": _engine_pod(owner, spec, rev, _serving_container(spec, rev))},
+        },
+    }
+    if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
+        del deployment["spec"]["replicas"]  # KEDA's HPA owns it: applying it would fight
+    return deployment
+
+
+def engine_leader_worker_set(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPlan) -> Obj:
+    """Groups of `rev.group_size` pods sharing the revision's cache claim (read-only, as every engine pod):
+    the leader serves, the workers (`--headless`) hold their ranks only."""
+    labels = component_labels(owner.name, "engine", rev.name)
+    leader = _engine_pod(owner, spec, rev, _serving_container(spec, rev))
+    worker_container: Obj = {
+        "name": "engine",
+        "image": rev.image,
+        "command": ["folio", "serve"],
+        "args": rev.worker_args(),
+        "ports": _rendezvous_ports(),
+        "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),
+        # No probes: a worker serves no HTTP. It exits when its leader or a rank goes, and the group is
+        # recreated; the leader's probes stand for the whole group.
+        "volumeMounts": _engine_mounts(),
+    }
+    if spec.engine.env:
+        worker_container["env"] = copy.deepcopy(spec.engine.env)
+    worker = _engine_pod(owner, spec, rev, worker_container, gated=False)
+    scaled = keda.scaled_by_keda(spec, rev.role, rev.pull_weights)
+    return lws.leader_worker_set(_meta(owner, engine_name(owner.name, rev.name), labels), labels,
+                                 replicas=None if scaled else rev.replicas, size=rev.group_size,
+                                 leader=leader, worker=worker)
+
+
+def _serving_container(spec: InferenceServiceSpec, rev: RevisionPlan) -> Obj:
+    """The engine that serves: a Deployment's pods, a group's leader."""
+    ports = _engine_ports(rev) + (_rendezvous_ports() if rev.group_size > 1 else [])
     container: Obj = {
         "name": "engine",
         "image": rev.image,
         "command": ["folio", "serve"],
         "args": rev.serve_args(),
-        "ports": _engine_ports(rev),
-        "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),  # N GPUs for N ranks
+        "ports": ports,
+        # N GPUs for N ranks (per pod: a stage of a pipeline-parallel group)
+        "resources": _resources(parallel.engine_resources(spec.engine, rev.args)),
         "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
                          "failureThreshold": STARTUP_FAILURES, "timeoutSeconds": 5},
         # /ready turns 503 while draining, so a terminating pod leaves the endpoints at once.
@@ -220,23 +283,33 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
         # An engine whose step loop died exits on its own; this catches one that hangs, within 15 s.
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-        "volumeMounts": [
-            {"name": "weights", "mountPath": CACHE_MOUNT, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": _engine_mounts(),
     }
     if spec.engine.env:
         container["env"] = copy.deepcopy(spec.engine.env)
+    return container
+
+
+def _engine_mounts() -> list[Obj]:
+    return [
+        {"name": "weights", "mountPath": CACHE_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+
+
+def _engine_pod(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPlan, container: Obj, *,
+                gated: bool = True) -> Obj:
+    """An engine pod around ``container`` (``gated``: it serves, and waits on its adapters when it has any)."""
     pod_spec: Obj = {
         "terminationGracePeriodSeconds": grace_period(rev),
         "containers": [container],
         "volumes": [
             {"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(owner.name),
                                                           "readOnly": True}},
-            parallel.shm_volume(rev.args),  # sized for NCCL when the engine spans several GPUs
+            parallel.shm_volume(spec.engine, rev.args),  # sized for NCCL when the pod holds several ranks
         ],
     }
-    if rev.args.get("enableLora") is True:  # in rotation once it holds the adapters that take traffic
+    if gated and rev.args.get("enableLora") is True:  # in rotation once it holds the adapters that take traffic
         pod_spec["readinessGates"] = [{"conditionType": ADAPTERS_GATE}]
     if spec.engine.node_selector:
         pod_spec["nodeSelector"] = dict(spec.engine.node_selector)
@@ -247,20 +320,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, rev: RevisionPla
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
     # Engines never talk to the API; Triton and torch-inductor caches fill /tmp.
-    harden(pod_spec, scratch_size=ENGINE_SCRATCH, api_token=False)
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(owner, name, labels),
-        "spec": {
-            "replicas": rev.replicas,  # none before the weights are verified in the cache
-            "selector": {"matchLabels": selector(owner.name, "engine", rev.name)},
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-        },
-    }
-    if keda.scaled_by_keda(spec, rev.role, rev.pull_weights):
-        del deployment["spec"]["replicas"]  # KEDA's HPA owns it: applying it would fight
-    return deployment
+    return harden(pod_spec, scratch_size=ENGINE_SCRATCH, api_token=False)
 
 
 def _engine_ports(rev: RevisionPlan) -> list[Obj]:
@@ -272,17 +332,27 @@ def _engine_ports(rev: RevisionPlan) -> list[Obj]:
     return ports
 
 
-def engine_service(owner: Owner, revision: str) -> Obj:
+def _rendezvous_ports() -> list[Obj]:
+    """A group's rendezvous (the leader's TCPStore) and rank 0's step channel (`--master-port` and the next)."""
+    return [{"name": "rendezvous", "containerPort": ENGINE_MASTER_PORT, "protocol": "TCP"},
+            {"name": "steps", "containerPort": ENGINE_MASTER_PORT + 1, "protocol": "TCP"}]
+
+
+def engine_service(owner: Owner, revision: str, *, leaders_only: bool = False) -> Obj:
     """Headless: the router balances over the revision's pod endpoints itself (its `http` port); `metrics`
-    is there for a ServiceMonitor to select."""
+    is there for a ServiceMonitor to select. ``leaders_only``: of a LeaderWorkerSet's groups, the leaders,
+    which serve for their group (its workers have no HTTP)."""
     name = engine_name(owner.name, revision)
+    pods = selector(owner.name, "engine", revision)
+    if leaders_only:
+        pods[LWS_WORKER_INDEX_LABEL] = "0"
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(owner, name, component_labels(owner.name, "engine", revision)),
         "spec": {
             "clusterIP": "None",
-            "selector": selector(owner.name, "engine", revision),
+            "selector": pods,
             "ports": [
                 {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "metrics", "port": ENGINE_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},

@@ -6,7 +6,8 @@ every revision shares: replicas, the served name, routing) and what was observed
 ready endpoints) it gives a `ServingPlan`:
 
 - a `RevisionPlan` per running revision (Stable, Canary or Retiring; a Failed one runs nothing):
-  its replicas (`spec.replicas`, or the autoscaler's decision shared by traffic:
+  its replicas (each one `group_size` pods or processes: several when its ranks need more GPUs than
+  one pod holds, `folio.operator.serving.parallel`) (`spec.replicas`, or the autoscaler's decision shared by traffic:
   `folio.operator.autoscaling.share`), none until its weights are verified, so that no engine starts before the weights
   it must serve are in place; whether they still have to be pulled, and where to; its engine
   command line (`folio.operator.serving.engine`);
@@ -29,8 +30,15 @@ from pathlib import Path
 
 from folio.operator import prepull
 from folio.operator.autoscaling.share import revision_replicas
-from folio.operator.k8s.names import ENGINE_METRICS_PORT, ENGINE_PORT
-from folio.operator.serving import engine
+from folio.operator.k8s.names import (
+    ENGINE_MASTER_PORT,
+    ENGINE_METRICS_PORT,
+    ENGINE_PORT,
+    LWS_GROUP_SIZE,
+    LWS_LEADER_ADDRESS,
+    LWS_WORKER_INDEX,
+)
+from folio.operator.serving import engine, parallel
 from folio.operator.serving.adapters import AdapterPlan, adapter_plan
 from folio.operator.serving.router import RoutedSpec, RouterConfig, router_config
 from folio.operator.spec import (
@@ -80,13 +88,29 @@ class RevisionPlan:
     host: str
     port: int | None
     metrics_port: int | None = None  # the placement's: `--metrics-port` when set
+    # Pods (`folio up`: processes) per replica: 1, or a LeaderWorkerSet's group of a leader (node rank 0,
+    # which serves) and workers (`--headless`), wired by LeaderWorkerSet's environment (`group_env`).
+    group_size: int = 1
 
-    def serve_args(self, port: int | None = None) -> list[str]:
-        """The arguments of `folio serve` for one replica (``port``: where a `folio up` replica listens)."""
+    def serve_args(self, port: int | None = None, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
+        """The arguments of `folio serve` for one replica, its group's leader when it has workers (``port``:
+        where a `folio up` replica listens; ``master_port``: its group's rendezvous, one per replica there)."""
         listen = self.port if port is None else port
         assert listen is not None, "a per-replica placement needs the replica's port"
-        return engine.serve_args(self.model, self.flags, weights=self.weights, served_name=self.served_name,
-                                 host=self.host, port=listen, metrics_port=self.metrics_port)
+        return [*engine.serve_args(self.model, self.flags, weights=self.weights, served_name=self.served_name,
+                                   host=self.host, port=listen, metrics_port=self.metrics_port),
+                *engine.group_flags(self.group_size, master_port)]
+
+    def worker_args(self, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
+        """The arguments of `folio serve` for a group's worker (no HTTP: only its ranks)."""
+        assert self.group_size > 1, "only a replica of several pods has workers"
+        return engine.worker_args(self.model, self.flags, weights=self.weights, served_name=self.served_name,
+                                  nnodes=self.group_size, master_port=master_port)
+
+    def group_env(self, index: int, leader: str) -> dict[str, str]:
+        """What LeaderWorkerSet puts in the environment of the group's pod ``index`` (0: the leader), and
+        `folio up` in its processes', the leader at ``leader``."""
+        return {LWS_LEADER_ADDRESS: leader, LWS_GROUP_SIZE: str(self.group_size), LWS_WORKER_INDEX: str(index)}
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,7 @@ def plan(
             host=placement.host,
             port=placement.port,
             metrics_port=placement.metrics_port,
+            group_size=parallel.group_size(spec.engine, rev.args),
         )
         for rev in status.revisions
         if rev.role in RUNNING_ROLES

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from folio.engine import package_files
 from folio.operator import prepull
-from folio.operator.serving import engine, keda, parallel
+from folio.operator.serving import engine, keda, lws, parallel
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.router import Holding, Overflow, RoutedSpec, router_config
 from folio.operator.spec import (
@@ -56,6 +56,7 @@ from folio.operator.spec import (
     ModelSource,
     check_name,
     parse_duration,
+    revision_name,
 )
 
 # One machine runs every replica as a process of its own: more than this is a typo, not a plan.
@@ -140,6 +141,7 @@ def parse(
     problems += non_finite
     if model is not None:
         problems += _served_name(name, model)
+        problems += _group_name(name, model)
         planned = planning_problems(model, router=not non_finite)
         # one problem per field: a fault arg whose value is wrong anyway is reported as that, on every site
         taken = {p.path for p in planned}
@@ -328,6 +330,20 @@ def _served_name(name: object, spec: InferenceServiceSpec) -> list[Problem]:
                     f"adapter {a.name!r} is named like the base model's served name (the InferenceService's name, "
                     "as spec.model.servedName is unset): rename it, or set spec.model.servedName")
             for i, a in enumerate(spec.adapters) if a.name == name]  # fmt: skip
+
+
+def _group_name(name: object, spec: InferenceServiceSpec) -> list[Problem]:
+    """A replica of several pods is a LeaderWorkerSet named like the engines, whose StatefulSets' names must
+    leave room in a pod label (`folio.operator.serving.lws`): a shorter limit than other children's. Both
+    sites, so that what `folio up` runs also runs in a cluster."""
+    if not isinstance(name, str) or parallel.group_size(spec.engine, spec.engine.args) == 1:
+        return []
+    longest = lws.MAX_NAME_LENGTH - len(revision_name(spec)) - 1
+    if len(name) <= longest:
+        return []
+    return [Problem("metadata.name", INVALID_NAME,
+                    f"metadata.name {name!r} is {len(name)} characters; a replica that spans several pods (a "
+                    f"LeaderWorkerSet named '{name}-<revision>') allows at most {longest}")]
 
 
 def _adapters(spec: InferenceServiceSpec) -> list[Problem]:

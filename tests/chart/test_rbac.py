@@ -47,6 +47,8 @@ ALLOWED: dict[Rule, frozenset[str]] = {
     ("gateway.networking.k8s.io", "httproutes"): frozenset({"list", "watch", "create", "patch", "delete"}),
     # spec.autoscaling.keda: the planner's ScaledObjects, indexed like the rest (no get)
     ("keda.sh", "scaledobjects"): frozenset({"list", "watch", "create", "patch", "delete"}),
+    # a revision whose replica spans several pods: its LeaderWorkerSet, indexed like the Deployments (no get)
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): frozenset({"list", "watch", "create", "patch", "delete"}),
 }
 # `bind` on exactly one ClusterRole (the chart's router role), never on anything else.
 BIND = ("rbac.authorization.k8s.io", "clusterroles")
@@ -152,6 +154,7 @@ def test_every_kind_the_executor_manages_is_granted() -> None:
         ("inference.networking.k8s.io/v1", "InferencePool"): ("inference.networking.k8s.io", "inferencepools"),
         ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("gateway.networking.k8s.io", "httproutes"),
         ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("leaderworkerset.x-k8s.io", "leaderworkersets"),
     }
     assert set(MANAGED_KINDS) == set(plurals), "the executor manages a kind this test does not know"
     for kind in MANAGED_KINDS:

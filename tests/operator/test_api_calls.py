@@ -52,6 +52,10 @@ NOT_CALLED: dict[Call, str] = {
     ("serving.folio.dev", "rolloutpolicies/status", "patch"): "a RolloutPolicy's clock only",
     **{("keda.sh", "scaledobjects", verb): "spec.autoscaling.keda only: test_keda_calls_what_the_chart_grants"
        for verb in ALLOWED[("keda.sh", "scaledobjects")]},
+    # kopf lists and watches LeaderWorkerSets always; writes only for a replica of several pods
+    **{("leaderworkerset.x-k8s.io", "leaderworkersets", verb):
+       "a replica that spans several pods only: test_leader_worker_set_calls_what_the_chart_grants"
+       for verb in ("create", "patch", "delete")},
 }
 # Not in ALLOWED's table but a rule of its own (tests/chart/test_rbac.py): `bind` on the chart's router
 # ClusterRole, which the API server checks when the operator creates a router's RoleBinding.
@@ -143,6 +147,43 @@ async def test_keda_calls_what_the_chart_grants(kmock: RecordingApiServer) -> No
     assert called - granted == set(), "the operator calls what the chart does not grant"
     keda_granted = {("keda.sh", "scaledobjects", verb) for verb in ALLOWED[("keda.sh", "scaledobjects")]}
     assert keda_granted - called == set(), "the chart grants ScaledObject verbs the operator never calls"
+
+
+@pytest.mark.kmock(cls=RecordingApiServer)
+async def test_leader_worker_set_calls_what_the_chart_grants(kmock: RecordingApiServer) -> None:
+    """A revision whose replica spans several pods: its LeaderWorkerSet created, scaled, deleted, indexed."""
+    RecordingApiServer.calls = set()
+    declare_resources(kmock)
+    cluster = Cluster(kmock)
+    cluster.kube.client.set_default_header(TEST_CLIENT, "1")
+    groups = {"args": {"tensorParallelSize": 8, "pipelineParallelSize": 2}}
+    manifest = isvc_manifest(engine=groups)
+    rev = rev_of(manifest)
+    lws = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", f"chat-{rev}")
+
+    async def groups_asked(count: int) -> bool:
+        found = await cluster.get(*lws)
+        return found is not None and found["spec"].get("replicas") == count
+
+    async with running_operator(cluster.server):
+        await cluster.create_isvc(manifest)
+        await eventually(lambda: cluster.get("batch/v1", "Job", f"chat-prepull-{rev}"), what="pre-pull Job")
+        await cluster.set_status("batch/v1", "Job", f"chat-prepull-{rev}", {"succeeded": 1})
+        await eventually(lambda: groups_asked(1), what="the LeaderWorkerSet")
+        await cluster.update_spec("chat", {"replicas": 2})
+        await eventually(lambda: groups_asked(2), what="the LeaderWorkerSet scaled")
+
+        async def pruned() -> bool:
+            return await cluster.get(*lws) is None
+
+        await cluster.delete_isvc("chat")
+        await eventually(pruned, what="the LeaderWorkerSet deleted with its InferenceService")
+    called = RecordingApiServer.calls
+    granted = {(group, resource, verb) for (group, resource), verbs in ALLOWED.items() for verb in verbs}
+    assert called - granted == set(), "the operator calls what the chart does not grant"
+    lws_granted = {("leaderworkerset.x-k8s.io", "leaderworkersets", verb)
+                   for verb in ALLOWED[("leaderworkerset.x-k8s.io", "leaderworkersets")]}
+    assert lws_granted - called == set(), "the chart grants LeaderWorkerSet verbs the operator never calls"
 
 
 async def scaled_object(cluster: Cluster, rev: str, max_replicas: int) -> bool:

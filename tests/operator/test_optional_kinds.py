@@ -42,7 +42,7 @@ def test_every_kind_from_someone_elses_crd_is_checked_as_optional() -> None:
     foreign = {kind for kind in MANAGED_KINDS if kind[0].rpartition("/")[0] not in BUILT_IN_GROUPS}
     assert foreign == set(OPTIONAL) == {o.kind for o in OPTIONALS}
     assert {o.reason for o in OPTIONALS} == {"InferencePoolUnavailable", "HTTPRouteUnavailable",
-                                             "ScaledObjectUnavailable"}
+                                             "ScaledObjectUnavailable", "LeaderWorkerSetUnavailable"}
     for o in OPTIONALS:  # each message names the CRD to install
         assert o.message.count(".") and o.kind[0] in o.message, o.message
 

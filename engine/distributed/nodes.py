@@ -172,22 +172,17 @@ def run_headless(config: EngineConfig) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    code = 0
-    while any(p.is_alive() for p in procs):
-        failed = [p for p in procs if p.exitcode not in (None, 0)]
-        if failed or stopping.is_set():
-            if failed:
-                p = failed[0]
-                log.critical("%s (pid %d) exited with code %s; taking this node's ranks down", p.name, p.pid,
-                             p.exitcode)  # fmt: skip
-                code = 1
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
+    while not stopping.is_set():
+        failed = next((p for p in procs if p.exitcode not in (None, 0)), None)
+        if failed is not None:
+            log.critical("%s (pid %d) exited with code %s; taking this node's ranks down", failed.name, failed.pid,
+                         failed.exitcode)  # fmt: skip
             break
+        if all(p.exitcode == 0 for p in procs):
+            return 0  # rank 0 stopped the group
         time.sleep(0.2)
     for p in procs:
+        if p.is_alive():
+            p.kill()
         p.join(5)
-    if any(p.exitcode not in (0, None) for p in procs) and not stopping.is_set():
-        code = 1
-    return code
+    return 0 if stopping.is_set() else 1

@@ -4,6 +4,7 @@ the leader down (exit non-zero within 30 s, the reason logged) instead of servin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -14,6 +15,9 @@ import httpx
 import psutil
 import pytest
 
+from folio.operator.parity.run import run_gate
+from folio.operator.parity.suite import SuitePrompt, default_suite
+from folio.operator.spec import ParityReport, ParitySpec
 from tests.server.conftest import Serve, free_port, start_serve, stop_serve
 
 DOWN_WITHIN_S = 30
@@ -59,8 +63,12 @@ def test_a_two_node_replica_answers_as_one_process_and_stops_together(folio_bin:
     one = start_serve(folio_bin, tiny_llama, tmp_path, *ARGS)
     try:
         alone = _complete(one.url)
+        report = asyncio.run(_parity(stable_url=one.url, canary_url=leader.url))
     finally:
         stop_serve(one)
+    # the parity gate (the operator's, as it runs before a canary's first step) against such a revision
+    assert report.verdict == "Pass", report
+    assert report.mean_cosine is not None and report.mean_cosine > 0.99999 and report.token_match == 1.0
     split = _complete(leader.url)
     assert split["text"] == alone["text"]
     assert split["logprobs"]["tokens"] == alone["logprobs"]["tokens"]
@@ -68,6 +76,17 @@ def test_a_two_node_replica_answers_as_one_process_and_stops_together(folio_bin:
     assert 'folio_engine_collective_seconds_count{model_name="m",op="send"}' in metrics
     stop_serve(leader)
     assert node1.wait(DOWN_WITHIN_S) == 0, "rank 0 stopped the group: the node exits cleanly"
+
+
+async def _parity(stable_url: str, canary_url: str) -> ParityReport:
+    spec = ParitySpec(prompts=24, max_tokens=8)
+
+    async def load() -> list[SuitePrompt]:
+        return default_suite(spec.prompts)
+
+    async with httpx.AsyncClient() as client:
+        return await run_gate(client, stable_url=stable_url, canary_url=canary_url, load_suite=load, spec=spec,
+                              revision="pp2", stable_revision="one", now=lambda: "2026-12-07T00:00:00Z")  # fmt: skip
 
 
 def test_a_dead_node_takes_the_leader_down(group, tmp_path: Path) -> None:

@@ -144,11 +144,42 @@ def prepull(
     token: str | None = None,
     downloader: Downloader | None = None,
     progress: Progress | None = None,
+    parallel: tuple[int, int] = (1, 1),
 ) -> Pulled:
-    """Make ``dest`` hold the verified pinned weights of ``model``; raise `WeightsError` if not.
+    """Make ``dest`` hold the verified pinned weights of ``model``; raise `WeightsError` if not, or if the
+    model does not split over ``parallel`` (the revision's tensorParallelSize, pipelineParallelSize): its
+    engines would refuse to start, every time.
 
     ``dest`` is the path the engine serves, ``/weights/{rev}/<model>`` in the cluster.
     """
+    pulled = _pull(model, dest, source_root, token, downloader, progress)
+    check_parallel(pulled.path, *parallel)
+    return pulled
+
+
+def check_parallel(path: Path, tensor: int, pipeline: int) -> None:
+    """Raise `WeightsError` when the model at ``path`` cannot be sharded over ``tensor`` ranks (its heads,
+    feed-forward sizes) or split into ``pipeline`` stages (its layers): the engine's own start-up checks,
+    made once the weights are here so that status says so instead of a replica failing each start."""
+    if (tensor, pipeline) == (1, 1):
+        return
+    from folio.engine.distributed.pipeline import check_pipelinable
+    from folio.engine.distributed.sharding import check_shardable
+    from folio.engine.loader import load_model_config
+
+    cfg, _ = load_model_config(path)
+    try:
+        if tensor > 1:
+            check_shardable(cfg, tensor)
+        check_pipelinable(cfg, pipeline)
+    except ValueError as exc:
+        raise WeightsError(f"spec.engine.args do not fit these weights: {exc}") from None
+
+
+def _pull(
+    model: ModelSource, dest: Path, source_root: Path | None, token: str | None, downloader: Downloader | None,
+    progress: Progress | None,
+) -> Pulled:
     final, folder = dest, dest.parent
     record = read_record(dest)
     if record is not None and _matches(record, model) and final.exists():
@@ -257,6 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--digest", help="sha256:… the weights must have (required for pvc://, file:// and pkg://)")
     p.add_argument("--dest", required=True, type=Path, help="where the weights go: /weights/REV/<model>")
     p.add_argument("--source-root", type=Path, default=None, help="where pvc:// claims are mounted (/source)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="check that the model shards over this many ranks")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1, help="check that the model splits into this many stages")
     p.add_argument("--termination-log", type=Path, default=Path(TERMINATION_LOG), help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -274,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         with ProgressBar(args.quiet) as progress:
             pulled = prepull(
                 model, args.dest, source_root=args.source_root, token=os.environ.get("HF_TOKEN"),
-                progress=progress,
+                progress=progress, parallel=(args.tensor_parallel_size, args.pipeline_parallel_size),
             )
     except (WeightsError, OSError, ValueError) as exc:
         return _finish(args, 1, str(exc))

@@ -158,3 +158,24 @@ def test_a_single_weights_file_is_pulled_as_a_file(tmp_path: Path) -> None:
     assert model_dir_name(model) == "model.Q4.gguf"
     pulled = prepull(model, tmp_path / "cache" / "rev" / "model.Q4.gguf")
     assert pulled.path.is_file() and compute_digest(pulled.path) == model.digest
+
+
+def test_parallel_settings_the_model_cannot_take_fail_the_pull_with_the_numbers(tiny_llama: Path, tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The engine's own start-up checks, made by the pre-pull once the weights are verified: a revision whose
+    engines could never start is reported (WeightsReady, failed) instead of failing each start. The verified
+    copy stays for revisions that fit it."""
+    model = file_model(tiny_llama, compute_digest(tiny_llama))  # 2 layers, 4 heads, 2 KV heads
+    dest = tmp_path / "cache" / "rev1" / "model"
+    with pytest.raises(WeightsError, match="pipeline_parallel_size 3 does not fit .* 2 decoder layers"):
+        prepull(model, dest, parallel=(1, 3))
+    assert read_record(dest) is not None, "verified all the same: another revision may use them"
+    with pytest.raises(WeightsError, match="tensor_parallel_size 3 does not fit .* num_attention_heads 4"):
+        prepull(model, dest, parallel=(3, 1))
+    assert prepull(model, dest, parallel=(2, 2)).reused
+    log = tmp_path / "termination-log"
+    log.touch()
+    code = main(["--source", model.source, "--digest", str(model.digest), "--dest", str(dest), "--quiet",
+                 "--pipeline-parallel-size", "4", "--termination-log", str(log)])  # fmt: skip
+    assert code == 1 and "pipeline_parallel_size 4 does not fit" in log.read_text()
+    assert "spec.engine.args do not fit these weights" in capsys.readouterr().err

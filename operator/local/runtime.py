@@ -345,7 +345,7 @@ class LocalRuntime:
         if rev.name not in self.weights:
             w = self.weights[rev.name] = Weights("pending", "pre-pulling")
             self._pulls[rev.name] = asyncio.create_task(
-                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w))
+                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w, rev.parallel))
 
     def _pull_adapter(self, rev: AdapterRevisionPlan) -> None:
         """The same for an adapter revision's files."""
@@ -354,7 +354,7 @@ class LocalRuntime:
             what = f"adapter {rev.adapter} revision {rev.revision}"
             self._pulls[f"adapter {rev.revision}"] = asyncio.create_task(self._pull(what, rev.pin, rev.path, w))
 
-    async def _pull(self, what: str, pin: ModelSource, dest: str, w: Weights) -> None:
+    async def _pull(self, what: str, pin: ModelSource, dest: str, w: Weights, parallel: tuple[int, int] = (1, 1)) -> None:
         bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=what)
 
         self._say(escape(f"pre-pulling the {what} from {pin.source}"))
@@ -366,7 +366,7 @@ class LocalRuntime:
                         show(phase, done, total)
                     w.message = f"{phase} {done / max(total, 1):.0%} of {total / 2**20:.0f} MiB"  # shown in status
 
-                pulled = await asyncio.to_thread(prepull, pin, Path(dest), progress=progress)
+                pulled = await asyncio.to_thread(prepull, pin, Path(dest), progress=progress, parallel=parallel)
         except (WeightsError, OSError, ValueError) as exc:
             w.state, w.message = "failed", str(exc)
             self._say(f"[red]{escape(what)} failed[/]: {escape(str(exc))}")

@@ -55,18 +55,22 @@ def prepull_job(
     owner: Obj | None = None,
     backoff_limit: int = 2,
     dest: str | None = None,
+    parallel: tuple[int, int] = (1, 1),
 ) -> Obj:
     """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it
     (``dest``: elsewhere in the cache, as an adapter revision's ``/weights/adapters/{rev}``).
 
     ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
-    InferenceService, so the Job goes with it.
+    InferenceService, so the Job goes with it. ``parallel``: the revision's (tensorParallelSize,
+    pipelineParallelSize), which the Job checks the model against once it has the weights.
     """
     args = ["--source", model.source, "--dest", dest or weights_path(rev, model)]
     if model.revision:
         args += ["--revision", model.revision]
     if model.digest:
         args += ["--digest", model.digest]
+    if parallel != (1, 1):
+        args += ["--tensor-parallel-size", str(parallel[0]), "--pipeline-parallel-size", str(parallel[1])]
     mounts: list[Obj] = [{"name": "weights", "mountPath": CACHE_MOUNT}]
     volumes: list[Obj] = [{"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(isvc)}}]
     if model.scheme == "pvc":

@@ -151,7 +151,8 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
                                   owner=ref)]
     for rev in serving.revisions:
         if rev.pull_weights:
-            out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref))
+            out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref,
+                                   parallel=rev.parallel))
         workload = engine_workload(owner, spec, rev)
         out.append(workload)
         out.append(engine_service(owner, rev.name, leaders_only=rev.group_size > 1))

@@ -101,6 +101,11 @@ class RevisionPlan:
                                    host=self.host, port=listen, metrics_port=self.metrics_port),
                 *engine.group_flags(self.group_size, master_port)]
 
+    @property
+    def parallel(self) -> tuple[int, int]:
+        """(tensorParallelSize, pipelineParallelSize): what its pre-pull checks the model against."""
+        return parallel.tensor_parallel_size(self.args), parallel.pipeline_parallel_size(self.args)
+
     def worker_args(self, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
         """The arguments of `folio serve` for a group's worker (no HTTP: only its ranks)."""
         assert self.group_size > 1, "only a replica of several pods has workers"

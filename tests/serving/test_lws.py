@@ -221,3 +221,19 @@ def test_pipeline_parallel_size_is_checked_like_any_engine_arg() -> None:
     assert (problem.path, problem.reason) == ("spec.engine.args.pipelineParallelSize", "InvalidEngineArgs")
     (problem,) = problems(_spec({"pipelineParallelSize": "2"}))
     assert "must be an integer" in problem.message
+
+
+def test_the_pre_pull_checks_the_weights_against_the_ranks() -> None:
+    """Whether the model's layers and heads split as asked is known once its weights are in: the pre-pull Job
+    checks, so that a revision that could never start fails its WeightsReady, in status, instead of its groups
+    failing each start (tests/test_prepull.py: the check itself)."""
+    spec = _spec(TP8_PP2)
+    objs = objects_by_key(spec, revision(spec, weights_ready=False))
+    [container] = objs[("Job", f"chat-prepull-{revision_name(spec)}")]["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    plain = make_spec()
+    [container] = objects_by_key(plain, revision(plain, weights_ready=False))[
+        ("Job", f"chat-prepull-{revision_name(plain)}")]["spec"]["template"]["spec"]["containers"]
+    assert "--pipeline-parallel-size" not in container["args"]

@@ -523,7 +523,8 @@ class LLMEngine:
             batch, handle = in_flight.popleft()
             sampled, result = self._finish_step(handle)
         except Exception as exc:
-            raise EngineBrokenError(f"a pipelined step failed: {exc!r}") from exc
+            lost = self.parallel and self.parallel.failure_after(wait_s=1.0)  # the watchdog's reason, if any
+            raise EngineBrokenError(str(lost) if lost else f"a pipelined step failed: {exc!r}") from exc
         updated = self.scheduler.postprocess(batch, sampled, result, time.monotonic())
         aborted = {item.seq.request_id for item in batch} & self._aborted_in_flight
         for item in batch:  # aborted while in flight: finished now that no stage reads its blocks

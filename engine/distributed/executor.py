@@ -55,6 +55,7 @@ log = logging.getLogger("folio.engine.tp")
 
 HARD_EXIT_AFTER_S = 10.0
 PROBE_INTERVAL_S = 5.0
+TEARDOWN_WAIT_S = 5.0  # a failed group's teardown, before close() gives up on it (the next engine then cannot start)
 EXIT_NOTICE_S = 2.0  # how long a broken pipe waits for the rank's process to show it exited
 _START_TIMEOUT_S = 600.0  # loading a shard of a large model from a slow volume
 
@@ -323,7 +324,11 @@ class TensorParallelExecutor:
         if self.failure is None:
             if self.link is not None:
                 self.link.flush()
-            self.group.close()  # after a failure a peer is gone: tearing the group down could block
+            self.group.close()
+        else:  # a peer is gone (its operations fail now that it is killed); should tearing down block, let it
+            teardown = threading.Thread(target=self.group.close, name="folio-tp-teardown", daemon=True)
+            teardown.start()
+            teardown.join(TEARDOWN_WAIT_S)
         torch.set_num_threads(self._threads_before)
         shutil.rmtree(self._tmp, ignore_errors=True)
         atexit.unregister(self.close)

@@ -288,3 +288,27 @@ def test_a_dead_stage_takes_the_engine_down(pp_model) -> None:
         with pytest.raises(EngineBrokenError, match="rank 1"):
             while engine.has_unfinished_requests():
                 engine.step()
+
+
+def test_a_stage_that_hangs_is_caught_by_the_watchdog(pp_model) -> None:
+    """A stage stopped mid-serving (SIGSTOP): rank 0's receive of the step's rows waits past the collective
+    timeout, the watchdog names it and kills the ranks, and the step raises instead of hanging."""
+    import signal
+
+    from folio.engine.llm_engine import EngineBrokenError
+
+    for llm in _llm(pp_model("dense"), pipeline_parallel_size=2, collective_timeout=2.0):
+        engine = llm.llm_engine
+        assert _greedy(llm, random_prompts(500, (5,))) != []
+        worker = engine.parallel.procs[0]
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            engine.add_request("stuck", random_prompts(500, (5,))[0], SamplingParams(max_tokens=4))
+            start = time.monotonic()
+            with pytest.raises(EngineBrokenError, match=r"recv on rank 0 has waited .* \(collective timeout 2s\)"):
+                while engine.has_unfinished_requests():
+                    engine.step()
+            assert time.monotonic() - start < 30
+        finally:
+            if worker.is_alive():
+                os.kill(worker.pid, signal.SIGKILL)

@@ -167,10 +167,10 @@ def test_parallel_settings_the_model_cannot_take_fail_the_pull_with_the_numbers(
     copy stays for revisions that fit it."""
     model = file_model(tiny_llama, compute_digest(tiny_llama))  # 2 layers, 4 heads, 2 KV heads
     dest = tmp_path / "cache" / "rev1" / "model"
-    with pytest.raises(WeightsError, match="pipeline_parallel_size 3 does not fit .* 2 decoder layers"):
+    with pytest.raises(WeightsError, match=r"pipeline_parallel_size 3 does not fit .* 2 decoder layers"):
         prepull(model, dest, parallel=(1, 3))
     assert read_record(dest) is not None, "verified all the same: another revision may use them"
-    with pytest.raises(WeightsError, match="tensor_parallel_size 3 does not fit .* num_attention_heads 4"):
+    with pytest.raises(WeightsError, match=r"tensor_parallel_size 3 does not fit .* num_attention_heads 4"):
         prepull(model, dest, parallel=(3, 1))
     assert prepull(model, dest, parallel=(2, 2)).reused
     log = tmp_path / "termination-log"

@@ -7,11 +7,13 @@ speculation from costing more than it gains:
   last proposals the target kept (plus one, to find out whether more would be kept), and a sequence whose
   proposals the target keeps too rarely (`MIN_KEPT`) stops proposing for a while, twice as long each time;
 - per step, by what a row costs on this machine (`StepCosts`, learnt from the decode steps the engine runs):
-  a step of M decoding sequences gets D more rows only where the tokens it then expects, M + p·D (p: the
-  share of proposals kept lately), per second of the longer step beat M per second of the plain one. While
-  a step reads the weights and little else (small batches; any GPU up to a large batch) a row is nearly
-  free and proposals go on; once it is compute-bound (a large batch; a CPU soon) a row costs what a token
-  is worth and they stop.
+  a step of M decoding sequences gets the D more rows that give it the most tokens per second, M + E(D)
+  tokens over the longer step's time, D = 0 (no proposals) included. Rows go round the sequences a
+  position at a time (every sequence's first proposal, then the second ones, ...), and E(D) counts each
+  row at how often lately a proposal at its position was kept: later positions are kept less, so while a
+  step reads the weights and little else (small batches; any GPU up to a large batch) rows are nearly free
+  and every sequence proposes all it may, and as it turns compute-bound (a larger batch; a CPU soon) only
+  the first positions, whose proposals are kept most, pay for their rows, then none.
 
 Proposing itself costs time too (a draft model runs K steps of its own): the step budget counts the time
 the last proposals took (an average) as part of the longer step.
@@ -138,26 +140,29 @@ class Speculator:
         self.proposer = proposer
         self.stats = SpecDecodeStats(accepted_per_position=[0] * self.k)
         self.costs = StepCosts()
-        self.acceptance = 0.5  # proposals kept lately, of those verified (an average over verify steps)
+        # per position (0: the first proposal), how often lately a proposal there was kept, of those verified
+        self.kept_at = [0.5] * self.k
         self.proposing_seconds = 0.0  # what proposing took lately, per step that proposed (an average)
         self._records: dict[int, _Record] = {}  # by id(sequence), while it runs
         self._planned: dict[int, list[int]] = {}  # this step's proposals, by id(sequence)
 
     def step_budget(self, num_decodes: int) -> int:
-        """Proposed tokens a step of ``num_decodes`` decoding sequences may verify: the most that still raise
-        the tokens it expects per second (see the module's docstring); all it could, where the costs of such
-        steps are not known yet (so that they get known)."""
+        """Proposed tokens a step of ``num_decodes`` decoding sequences verifies: as many as give it the most
+        tokens per second (see the module's docstring); all it could, where the costs of such steps are not
+        known yet (so that they get known)."""
         most = self.k * num_decodes
         base = self.costs.cost(num_decodes) if num_decodes else None
         if base is None:
             return most
-        best = 0
+        best, best_rate, expected = 0, num_decodes / base, float(num_decodes)
         for extra in range(1, most + 1):
             cost = self.costs.cost(num_decodes + extra)
             if cost is None:
                 return most
-            if (num_decodes + self.acceptance * extra) * base > num_decodes * (cost + self.proposing_seconds):
-                best = extra
+            expected += self.kept_at[(extra - 1) // num_decodes]  # the row's position, rows going round
+            rate = expected / (cost + self.proposing_seconds)
+            if rate > best_rate:
+                best, best_rate = extra, rate
         return best
 
     def step_ran(self, rows: int, seconds: float) -> None:
@@ -168,12 +173,14 @@ class Speculator:
         """This step's proposals for its decoding sequences ``seqs`` (in the order they are scheduled), at most
         ``budget`` tokens in all; `draft` hands them out."""
         self._planned.clear()
-        wanted: list[tuple[Sequence, int]] = []
-        for seq in seqs:
-            k = min(budget, self._wanted(seq))
-            if k > 0:
-                wanted.append((seq, k))
-                budget -= k
+        wants = [(seq, k) for seq in seqs if (k := self._wanted(seq)) > 0]
+        ks = [0] * len(wants)
+        for position in range(self.k):  # the budget goes round: first proposals first (kept most often)
+            for i, (_, k) in enumerate(wants):
+                if budget > 0 and k > position:
+                    ks[i] += 1
+                    budget -= 1
+        wanted = [(seq, k) for (seq, _), k in zip(wants, ks, strict=True) if k > 0]
         if not wanted:
             return
         started = time.perf_counter()
@@ -210,8 +217,8 @@ class Speculator:
         stats.num_accepted_tokens += kept
         for position in range(kept):
             stats.accepted_per_position[position] += 1
-        if proposed:
-            self.acceptance = 0.9 * self.acceptance + 0.1 * kept / proposed
+        for position in range(proposed):
+            self.kept_at[position] = 0.9 * self.kept_at[position] + 0.1 * (position < kept)
         record = self._records[id(seq)]
         record.kept = (1 - EMA_WEIGHT) * record.kept + EMA_WEIGHT * kept
         if record.kept < MIN_KEPT:

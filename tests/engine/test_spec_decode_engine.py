@@ -205,28 +205,44 @@ def test_proposals_stay_within_the_answer_the_room_and_the_step_budget() -> None
     assert _propose(spec, _seq(tokens, max_tokens=1), room=10) == []
     assert len(_propose(spec, _seq(tokens), room=1)) == 1
     assert _propose(spec, _seq(tokens, repetition_penalty=1.2), room=10) == []  # penalties: one token at a time
-    # a step's budget goes to the sequences in the order they are scheduled; `draft` cuts to the room left
-    first, second = _seq(tokens), _seq(tokens)
-    spec.plan([first, second], 6)
-    assert len(spec.draft(first, 10)) == 4 and len(spec.draft(second, 1)) == 1
+    # a step's budget goes round the sequences a position at a time; `draft` cuts to the room left
+    first, second, third = _seq(tokens), _seq(tokens), _seq(tokens)
+    spec.plan([first, second, third], 7)
+    assert [len(spec.draft(first, 10)), len(spec.draft(second, 10)), len(spec.draft(third, 1))] == [3, 2, 1]
 
 
-def test_a_step_gets_the_proposals_that_raise_its_tokens_per_second() -> None:
+def test_a_step_gets_the_proposals_that_give_it_the_most_tokens_per_second() -> None:
     """A machine where a step reads the weights (20 ms) and then pays 1 ms a row past 8 rows. With 3 of 4
-    proposals kept: a batch of 16 (28 ms, 1.75 ms a token) proposes all it may, since a kept proposal costs
-    1 ms / 0.75; a batch of 64 (76 ms, 1.19 ms a token) nothing. With proposals rarely kept, only the rows
-    that cost nothing. Sizes never seen let a step propose (so that they get known)."""
+    proposals kept at every position: a batch of 16 (28 ms, 1.75 ms a token) proposes all it may, since a kept
+    proposal costs 1 ms / 0.75; a batch of 64 (76 ms, 1.19 ms a token) nothing. With proposals rarely kept,
+    only the rows that cost nothing. Where later positions are kept less, a batch of 8 stops where one more
+    position would cost more than it brings: two proposals each. Sizes never seen let a step propose (so that
+    they get known)."""
     spec = Speculator(SpeculativeConfig.parse(NGRAM))
     assert spec.step_budget(2) == 8  # nothing known yet
     for rows in (1, 2, 4, 8, 16, 32, 64, 128):
         for _ in range(3):
             spec.step_ran(rows, 0.020 + 0.001 * max(0, rows - 8))
-    spec.acceptance = 0.75
+    spec.kept_at = [0.75] * 4
     assert spec.step_budget(1) == 4 and spec.step_budget(16) == 64
     assert spec.step_budget(64) == 0
-    spec.acceptance = 0.05  # proposals rarely kept: only where a row is free
-    assert spec.step_budget(8) == 0 and spec.step_budget(2) == 8  # 10 rows: 2 ms more, for 0.4 token worth 4 ms
+    spec.kept_at = [0.05] * 4  # proposals rarely kept: only where a row is free
+    assert spec.step_budget(8) == 0 and spec.step_budget(2) == 6  # 8 rows cost one; the 9th 1 ms for 0.05 token
+    spec.kept_at = [0.9, 0.6, 0.3, 0.1]
+    # 8 rows: 15.2 tokens in 28 ms; 16: 20 in 36 ms (the best); 24: 22.4 in 44 ms; 32: 23.2 in 52 ms
+    assert spec.step_budget(8) == 16
     assert spec.costs.cost(3) == pytest.approx(0.020) and spec.costs.cost(200) == pytest.approx(0.212)
+
+
+def test_kept_proposals_are_counted_by_position() -> None:
+    spec = Speculator(SpeculativeConfig.parse(NGRAM))
+    seq = _seq([5, 6, 7, 8] * 4)
+    spec.plan([seq], 4)
+    spec.draft(seq, 4)
+    for _ in range(40):
+        spec.verified(seq, 3, 1)  # three proposed, the first kept
+    assert spec.kept_at[0] > 0.95 and spec.kept_at[1] < 0.05 and spec.kept_at[2] < 0.05
+    assert spec.kept_at[3] == 0.5, "never proposed at the fourth position: still the prior"
 
 
 def test_trimming_returns_a_refused_proposals_blocks() -> None:

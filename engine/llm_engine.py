@@ -63,7 +63,7 @@ class EngineBrokenError(RuntimeError):
 
 
 def eager_only(config: EngineConfig, device: torch.device) -> bool:
-    """Whether every step runs eagerly: asked for, or tensor parallelism on CUDA, where NCCL collectives
+    """Whether every step runs eagerly: asked for, or parallelism on CUDA, where NCCL collectives
     inside CUDA graphs have never run on a multi-GPU machine and a stall inside a graph would escape the
     watchdog (only NCCL's own abort would end it)."""
     return config.enforce_eager or (config.world_size > 1 and device.type == "cuda")
@@ -84,7 +84,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, declared_dtype, self.device)
         model_config.max_model_len = effective_max_model_len(config, model_config)
         self.model_config: ModelConfig = model_config
-        # Tensor parallelism: rank 0 (this process) starts the other ranks, which load beside it.
+        # Tensor and pipeline parallelism: rank 0 (this process) starts the other ranks, which load beside it.
         self.parallel: TensorParallelExecutor | None = None
         self._lora_tracker: tp_lora.SlotTracker | None = None
         if config.world_size > 1:
@@ -141,7 +141,7 @@ class LLMEngine:
         # pipeline stages: the steps begun and not yet sampled, oldest first; requests aborted meanwhile
         self._in_flight: deque[tuple[list[ScheduledSeq], StepHandle]] | None = (
             deque() if config.pipeline_parallel_size > 1 else None)
-        self._aborted_in_flight: set[str] = set()
+        self._aborted_in_flight: set[int] = set()  # by id(sequence): a request id may come again
         # micro-batches kept in flight: one per stage (1 makes the stages take turns, the benchmark's baseline)
         self.pipeline_depth = config.pipeline_parallel_size
         self.num_failed_steps = 0
@@ -433,7 +433,7 @@ class LLMEngine:
         if seq is None or seq.is_finished:
             return
         if self._in_flight and any(item.seq is seq for batch, _ in self._in_flight for item in batch):
-            self._aborted_in_flight.add(request_id)  # a stage still computes into its blocks
+            self._aborted_in_flight.add(id(seq))  # a stage still computes into its blocks
             return
         self.scheduler.finish(seq)
 
@@ -526,12 +526,12 @@ class LLMEngine:
             lost = self.parallel and self.parallel.failure_after(wait_s=1.0)  # the watchdog's reason, if any
             raise EngineBrokenError(str(lost) if lost else f"a pipelined step failed: {exc!r}") from exc
         updated = self.scheduler.postprocess(batch, sampled, result, time.monotonic())
-        aborted = {item.seq.request_id for item in batch} & self._aborted_in_flight
+        aborted = {id(item.seq) for item in batch} & self._aborted_in_flight
         for item in batch:  # aborted while in flight: finished now that no stage reads its blocks
-            if item.seq.request_id in aborted and not item.seq.is_finished:
+            if id(item.seq) in aborted and not item.seq.is_finished:
                 self.scheduler.finish(item.seq)
         self._aborted_in_flight -= aborted
-        news = [seq for seq in [*failed, *updated] if seq.request_id not in aborted]
+        news = [seq for seq in [*failed, *updated] if id(seq) not in aborted]
         for seq in news:
             if seq.is_finished:
                 self._seqs.pop(seq.request_id, None)

@@ -28,6 +28,7 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 
 from folio.engine.config import EngineConfig
+from folio.engine.distributed.worker import WorkerSpec, worker_main
 
 log = logging.getLogger("folio.engine.nodes")
 
@@ -117,11 +118,8 @@ def connect_to_leader(config: EngineConfig, rank: int, timeout_s: float) -> Conn
     return conn
 
 
-def remote_worker_main(spec: object, config: EngineConfig) -> None:
+def remote_worker_main(spec: WorkerSpec, config: EngineConfig) -> None:
     """A rank on a node other than 0: connect to rank 0, then serve its steps as any worker does."""
-    from folio.engine.distributed.worker import WorkerSpec, worker_main
-
-    assert isinstance(spec, WorkerSpec)
     logging.basicConfig(
         level=spec.log_level, format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s"
     )
@@ -141,7 +139,6 @@ def run_headless(config: EngineConfig) -> int:
 
     from folio.engine.distributed.executor import rank_device
     from folio.engine.distributed.pipeline import Layout
-    from folio.engine.distributed.worker import WorkerSpec
     from folio.engine.llm_engine import effective_max_model_len
     from folio.engine.loader import load_model_config, resolve_dtype
 

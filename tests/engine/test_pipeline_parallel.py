@@ -5,7 +5,6 @@ over loopback (a headless `folio serve` beside rank 0), and the start-up and pla
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from folio.engine.loader import load_model_config
 from tests.engine.test_families import FAMILIES
 from tests.engine.test_hf_equivalence import hf_greedy, random_prompts
 from tests.support.models import make_tiny_llama
+from tests.support.ports import master_port
 
 MAX_TOKENS = 8
 ENGINE = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory_gib": 0.02}
@@ -217,12 +217,6 @@ def test_sampled_and_constrained_requests_match_one_process(pp_model) -> None:
 # --- several nodes (a headless `folio serve` on loopback) -----------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _headless(path: Path, port: int, *flags: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen([
         sys.executable, "-m", "folio.operator.cli", "serve", "--model", str(path), "--dtype", "float32",
@@ -239,7 +233,7 @@ def test_two_nodes_over_loopback_match_one_process(pp_model, tp: int, pp: int) -
     prompts = random_prompts(500, (1, 9, 40))
     for one in _llm(path):
         expected = _greedy(one, prompts)
-    port = _free_port()
+    port = master_port()
     node1 = _headless(path, port, "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp), "--nnodes",
                       "2", "--headless", env={"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "127.0.0.1",
                                               "LWS_GROUP_SIZE": "2"})  # fmt: skip
@@ -257,12 +251,12 @@ def test_a_node_that_never_arrives_fails_the_group_naming_its_ranks(pp_model) ->
     path = pp_model("dense")
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"ranks \[1\] of 2 did not arrive within 3s"):
-        LLM(str(path), **ENGINE, pipeline_parallel_size=2, nnodes=2, master_port=_free_port(), rendezvous_timeout=3)
+        LLM(str(path), **ENGINE, pipeline_parallel_size=2, nnodes=2, master_port=master_port(), rendezvous_timeout=3)
     assert time.monotonic() - start < 60
 
 
 def test_a_headless_node_without_rank_0_exits_with_the_reason(pp_model, capfd: pytest.CaptureFixture[str]) -> None:
-    node1 = _headless(pp_model("dense"), _free_port(), "--pipeline-parallel-size", "2", "--nnodes", "2",
+    node1 = _headless(pp_model("dense"), master_port(), "--pipeline-parallel-size", "2", "--nnodes", "2",
                       "--node-rank", "1", "--headless", "--rendezvous-timeout", "2")  # fmt: skip
     try:
         assert node1.wait(120) == 1

@@ -18,7 +18,8 @@ import pytest
 from folio.operator.parity.run import run_gate
 from folio.operator.parity.suite import SuitePrompt, default_suite
 from folio.operator.spec import ParityReport, ParitySpec
-from tests.server.conftest import Serve, free_port, start_serve, stop_serve
+from tests.server.conftest import Serve, start_serve, stop_serve
+from tests.support.ports import master_port
 
 DOWN_WITHIN_S = 30
 ARGS = ("--kv-cache-memory-gib", "0.02", "--dtype", "float32", "--max-model-len", "256")
@@ -34,7 +35,7 @@ def _headless(folio_bin: str, model: Path, log: Path, *flags: str, group_size: s
 
 @pytest.fixture
 def group(folio_bin: str, tiny_llama: Path, tmp_path: Path) -> Iterator[tuple[Serve, subprocess.Popen[bytes]]]:
-    flags = ("--pipeline-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port()))
+    flags = ("--pipeline-parallel-size", "2", "--nnodes", "2", "--master-port", str(master_port()))
     node1 = _headless(folio_bin, tiny_llama, tmp_path / "node1.log", *flags)
     try:
         leader = start_serve(folio_bin, tiny_llama, tmp_path, *ARGS, *flags)

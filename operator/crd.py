@@ -99,6 +99,7 @@ RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ],
     ("spec", "model"): _pin_rules("spec.model"),
     ("spec", "adapters", "items"): _pin_rules("spec.adapters[]"),
+    ("spec", "draftModel"): _pin_rules("spec.draftModel"),
     ("spec", "router"): [
         {
             "rule": "!has(self.replicas) || self.replicas >= 0",

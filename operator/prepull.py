@@ -6,7 +6,9 @@ In a cluster the operator runs one Job per revision, ``{isvc}-prepull-{rev}``, w
     python -m folio.operator.prepull --source SRC [--revision SHA] [--digest sha256:…] --dest /weights/REV/<model>
 
 (``<model>`` is `model_dir_name`: the source's last path component), where the engine pods mount
-them read-only. What happens per scheme:
+them read-only; with a draft model (``spec.draftModel``, speculative decoding), ``--draft-source …
+--draft-dest /weights/REV-draft/<model>`` too, checked to share the model's tokenizer. What happens per
+scheme:
 
 - ``hf://ORG/NAME``: downloaded with huggingface_hub at exactly the pinned 40-hex commit; the digest
   is computed and recorded (and must equal ``digest`` when one is pinned).
@@ -42,12 +44,13 @@ from urllib.parse import unquote, urlparse
 
 from folio.engine.digest import DigestMismatchError, compute_digest, verify_digest
 from folio.engine.package_files import PackageFileError, package_file
-from folio.operator.spec import COMMIT_RE, DIGEST_RE, ModelSource
+from folio.operator.spec import COMMIT_RE, DIGEST_RE, DraftModelSpec, ModelSource, PinnedSource
 
 RECORD = ".folio-weights.json"
 CACHE_MOUNT = "/weights"
 SOURCE_MOUNT = "/source"
 TERMINATION_LOG = "/dev/termination-log"
+DRAFT_TOKEN_ENV = "FOLIO_DRAFT_HF_TOKEN"  # the draft model's hub token (HF_TOKEN is the model's)
 
 # progress(stage, bytes_done, bytes_total); stage is "download", "copy" or "verify"
 Progress = Callable[[str, int, int], None]
@@ -69,7 +72,7 @@ class Pulled:
 # ------------------------------------------------------------------------ naming
 
 
-def model_dir_name(model: ModelSource) -> str:
+def model_dir_name(model: PinnedSource) -> str:
     """The last path component of the source: the file or folder name under ``/weights/{rev}``."""
     name = model.source.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
     if not name or name in (".", ".."):
@@ -77,7 +80,7 @@ def model_dir_name(model: ModelSource) -> str:
     return name
 
 
-def weights_path(rev: str, model: ModelSource, root: str = CACHE_MOUNT) -> str:
+def weights_path(rev: str, model: PinnedSource, root: str = CACHE_MOUNT) -> str:
     """Where a revision's verified weights live in the cache: ``{root}/{rev}/<model>``.
 
     ``root`` is the cache: the volume mounted at ``/weights`` in a cluster, the state folder's
@@ -95,7 +98,7 @@ def pvc_claim_and_path(source: str) -> tuple[str, str]:
     return claim, path.strip("/")
 
 
-def local_source(model: ModelSource, source_root: Path | None) -> Path:
+def local_source(model: PinnedSource, source_root: Path | None) -> Path:
     """Where a pvc://, file:// or pkg:// source is readable from this process."""
     if model.scheme == "pkg":
         try:
@@ -125,11 +128,11 @@ def read_record(dest: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("model") == dest.name else None
 
 
-def _pin(model: ModelSource) -> dict[str, Any]:
+def _pin(model: PinnedSource) -> dict[str, Any]:
     return {"source": model.source, "revision": model.revision, "digest": model.digest}
 
 
-def _matches(record: dict[str, Any] | None, model: ModelSource) -> bool:
+def _matches(record: dict[str, Any] | None, model: PinnedSource) -> bool:
     if record is None:
         return False
     same = record.get("source") == model.source and record.get("revision") == model.revision
@@ -145,16 +148,53 @@ def prepull(
     downloader: Downloader | None = None,
     progress: Progress | None = None,
     parallel: tuple[int, int] = (1, 1),
+    draft: DraftPull | None = None,
 ) -> Pulled:
     """Make ``dest`` hold the verified pinned weights of ``model``; raise `WeightsError` if not, or if the
     model does not split over ``parallel`` (the revision's tensorParallelSize, pipelineParallelSize): its
-    engines would refuse to start, every time.
+    engines would refuse to start, every time. With ``draft`` (the revision's `spec.draftModel`), its
+    weights too, checked to share the model's tokenizer.
 
     ``dest`` is the path the engine serves, ``/weights/{rev}/<model>`` in the cluster.
     """
     pulled = _pull(model, dest, source_root, token, downloader, progress)
     check_parallel(pulled.path, *parallel)
+    if draft is not None:
+        try:
+            drafted = _pull(draft.pin, draft.dest, source_root, draft.token, downloader, progress)
+        except WeightsError as exc:
+            raise WeightsError(f"the draft model: {exc}") from None
+        check_draft(pulled.path, drafted.path, draft.pin.source)
     return pulled
+
+
+@dataclass(frozen=True)
+class DraftPull:
+    """A revision's draft model: its pin, where it goes (`draft_weights_path`), the hub token for it."""
+
+    pin: PinnedSource
+    dest: Path
+    token: str | None = None
+
+
+def draft_weights_path(rev: str, pin: PinnedSource, root: str = CACHE_MOUNT) -> str:
+    """Where a revision's draft model lives in the cache: ``{root}/{rev}-draft/<model>`` (a folder of its
+    own, so that revisions with the same draft share it as they share weights)."""
+    return weights_path(f"{rev}-draft", pin, root)
+
+
+def check_draft(model: Path, draft: Path, source: str) -> None:
+    """Raise `WeightsError` unless the draft at ``draft`` shares the tokenizer of the model at ``model``: the
+    engine's own start-up check, made here so that status says so instead of every replica failing."""
+    from folio.engine.spec_decode.draft_model import DraftModelError, check_vocabulary
+    from folio.engine.tokenizer.loading import load_tokenizer
+
+    try:
+        check_vocabulary(load_tokenizer(str(draft)), load_tokenizer(str(model)), f"the draft model {source}")
+    except DraftModelError as exc:
+        raise WeightsError(str(exc)) from None
+    except Exception as exc:  # a tokenizer that does not load: its libraries raise many types
+        raise WeightsError(f"the draft model {source}: its tokenizer cannot be read beside the model's: {exc}") from exc
 
 
 def check_parallel(path: Path, tensor: int, pipeline: int) -> None:
@@ -177,7 +217,7 @@ def check_parallel(path: Path, tensor: int, pipeline: int) -> None:
 
 
 def _pull(
-    model: ModelSource, dest: Path, source_root: Path | None, token: str | None, downloader: Downloader | None,
+    model: PinnedSource, dest: Path, source_root: Path | None, token: str | None, downloader: Downloader | None,
     progress: Progress | None,
 ) -> Pulled:
     final, folder = dest, dest.parent
@@ -207,7 +247,7 @@ def _pull(
     return Pulled(final, digest, reused)
 
 
-def _link_sibling(model: ModelSource, final: Path, target: Path) -> bool:
+def _link_sibling(model: PinnedSource, final: Path, target: Path) -> bool:
     """Hard-link the same pinned weights from another revision folder of the cache; True when done."""
     for record_file in sorted(final.parent.parent.glob(f"*/{RECORD}")):
         src = record_file.parent / final.name
@@ -223,7 +263,7 @@ def _link_sibling(model: ModelSource, final: Path, target: Path) -> bool:
 
 
 def _fetch(
-    model: ModelSource,
+    model: PinnedSource,
     target: Path,
     source_root: Path | None,
     token: str | None,
@@ -246,7 +286,7 @@ def _fetch(
     _copy(src, target, link=False, progress=progress)
 
 
-def _verify(model: ModelSource, path: Path, progress: Progress | None) -> str:
+def _verify(model: PinnedSource, path: Path, progress: Progress | None) -> str:
     on_bytes = (lambda done, total: progress("verify", done, total)) if progress else None
     if model.digest is None:  # hf:// without a pinned digest: record what the commit holds
         return compute_digest(path, on_bytes)
@@ -290,6 +330,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source-root", type=Path, default=None, help="where pvc:// claims are mounted (/source)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="check that the model shards over this many ranks")
     p.add_argument("--pipeline-parallel-size", type=int, default=1, help="check that the model splits into this many stages")
+    p.add_argument("--draft-source", help="the revision's draft model (spec.draftModel): its source, as --source")
+    p.add_argument("--draft-revision", help="the draft's --revision")
+    p.add_argument("--draft-digest", help="the draft's --digest")
+    p.add_argument("--draft-dest", type=Path, help="where the draft goes: /weights/REV-draft/<model>")
     p.add_argument("--termination-log", type=Path, default=Path(TERMINATION_LOG), help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -301,13 +345,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.digest is not None and not DIGEST_RE.match(args.digest):
             raise WeightsError(f"malformed --digest {args.digest!r}: expected sha256: and 64 lowercase hex")
         model = ModelSource(source=args.source, revision=args.revision, digest=args.digest)
+        draft = None
+        if (args.draft_source is None) != (args.draft_dest is None):
+            raise WeightsError("--draft-source and --draft-dest go together")
+        if args.draft_source is not None:
+            if args.draft_digest is not None and not DIGEST_RE.match(args.draft_digest):
+                raise WeightsError(f"malformed --draft-digest {args.draft_digest!r}: expected sha256: and 64 lowercase hex")
+            pin = DraftModelSpec(source=args.draft_source, revision=args.draft_revision, digest=args.draft_digest)
+            draft = DraftPull(pin, args.draft_dest, token=os.environ.get(DRAFT_TOKEN_ENV))
     except (ValueError, WeightsError) as exc:
         return _finish(args, 2, f"invalid pin: {exc}")
     try:
         with ProgressBar(args.quiet) as progress:
             pulled = prepull(
                 model, args.dest, source_root=args.source_root, token=os.environ.get("HF_TOKEN"),
-                progress=progress, parallel=(args.tensor_parallel_size, args.pipeline_parallel_size),
+                progress=progress, parallel=(args.tensor_parallel_size, args.pipeline_parallel_size), draft=draft,
             )
     except (WeightsError, OSError, ValueError) as exc:
         return _finish(args, 1, str(exc))

@@ -572,6 +572,12 @@ class AdapterSpec(PinnedSource):
                            credentials_secret_ref=self.credentials_secret_ref)
 
 
+class DraftModelSpec(PinnedSource):
+    """Speculative decoding's draft model: a smaller model with the served model's tokenizer."""
+
+    _what: ClassVar[str] = "draftModel"
+
+
 class InferenceServiceSpec(Model):
     model: ModelSource
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
@@ -587,6 +593,12 @@ class InferenceServiceSpec(Model):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     access: AccessSpec | None = Field(
         default=None, description="API keys per tenant, quotas and priorities; unset: the routers serve anyone."
+    )
+    draft_model: DraftModelSpec | None = Field(
+        default=None,
+        description="The draft model of speculative decoding: pinned and pre-pulled with each revision's weights, "
+        "and named to the engines by the operator (spec.engine.args.speculativeConfig then gives "
+        "num_speculative_tokens and no model path). It must share the model's tokenizer.",
     )
     adapters: list[AdapterSpec] = Field(
         default_factory=list, max_length=MAX_ADAPTERS,
@@ -739,6 +751,7 @@ class RevisionStatus(Lenient):
     name: str
     role: RevisionRole
     model: ModelSource
+    draft_model: DraftModelSpec | None = None  # speculative decoding's, pre-pulled beside the model
     image: str
     args: dict[str, EngineArgValue] = Field(default_factory=dict)
     created_at: str | None = None
@@ -845,6 +858,7 @@ def new_revision(spec: InferenceServiceSpec, role: RevisionRole, created_at: str
         name=revision_name(spec),
         role=role,
         model=spec.model.model_copy(deep=True),
+        draft_model=spec.draft_model.model_copy(deep=True) if spec.draft_model else None,
         image=spec.engine.image,
         args=engine_args(spec),
         created_at=created_at,
@@ -852,13 +866,14 @@ def new_revision(spec: InferenceServiceSpec, role: RevisionRole, created_at: str
 
 
 def revision_name(spec: InferenceServiceSpec) -> str:
-    """Short stable hash of what makes a revision: model source, revision, digest, engine image and args
-    (`engine_args`: the first adapter turns LoRA on, a new revision unless `enableLora` was set already).
+    """Short stable hash of what makes a revision: model source, revision, digest, the draft model's pin,
+    engine image and args (`engine_args`: the first adapter turns LoRA on, a new revision unless `enableLora`
+    was set already).
 
     Replicas, rollout settings, routing, scheduling fields and adapters are deliberately not part of it, so
     changing them updates the current revision in place.
     """
-    return _identity(spec.model, spec.engine.image, engine_args(spec))
+    return _identity(spec.model, spec.engine.image, engine_args(spec), spec.draft_model)
 
 
 def adapter_revision_name(adapter: AdapterSpec) -> str:
@@ -869,8 +884,11 @@ def adapter_revision_name(adapter: AdapterSpec) -> str:
 ADAPTER_IMAGE = ""  # an adapter revision's `image`: it runs in its base revision's engines
 
 
-def _identity(pin: PinnedSource, image: str, args: Mapping[str, EngineArgValue]) -> str:
-    identity = {"source": pin.source, "revision": pin.revision, "digest": pin.digest, "image": image, "args": args}
+def _identity(pin: PinnedSource, image: str, args: Mapping[str, EngineArgValue], draft: PinnedSource | None = None) -> str:
+    identity: dict[str, Any] = {"source": pin.source, "revision": pin.revision, "digest": pin.digest, "image": image,
+                                "args": args}  # fmt: skip
+    if draft is not None:  # (absent otherwise: the names of revisions without one stay what they were)
+        identity["draft"] = {"source": draft.source, "revision": draft.revision, "digest": draft.digest}
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

@@ -187,6 +187,9 @@ INVALID = {
     "adapter-name-with-at": (manifest(adapters=[adapter(name="sql@v2")]), "does not match"),
     "adapter-steps-decreasing": (manifest(adapters=[adapter(rollout={"steps": [{"weight": 50}, {"weight": 5}]})]),
                                  "must strictly increase"),
+    "draft-branch": (manifest(draftModel={"source": "hf://org/draft", "revision": "main"}),
+                     "must pin spec.draftModel.revision"),
+    "draft-file-no-digest": (manifest(draftModel={"source": "file:///models/draft"}), "need spec.draftModel.digest"),
     "too-many-adapters": (manifest(adapters=[adapter(name=f"a{i}") for i in range(65)]), "is too long"),
     # spec.access: nobody served, a tenant twice, absurd limits, a name no Secret key can be
     "access-nobody": (manifest(access={"tenants": [{"name": "search"}]}), "needs apiKeysSecretRef, or anonymous"),

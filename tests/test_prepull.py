@@ -179,3 +179,42 @@ def test_parallel_settings_the_model_cannot_take_fail_the_pull_with_the_numbers(
                  "--pipeline-parallel-size", "4", "--termination-log", str(log)])  # fmt: skip
     assert code == 1 and "pipeline_parallel_size 4 does not fit" in log.read_text()
     assert "spec.engine.args do not fit these weights" in capsys.readouterr().err
+
+
+def test_a_draft_model_is_pulled_beside_the_weights_and_must_share_their_tokenizer(tiny_llama: Path,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """`spec.draftModel`: the revision's Job fetches and verifies it into ``{rev}-draft`` after the weights,
+    and refuses a draft of another vocabulary with the engine's own words (status shows them)."""
+    from folio.operator.prepull import DraftPull, draft_weights_path
+    from folio.operator.spec import DraftModelSpec
+    from tests.support.models import make_tiny_llama
+
+    model = file_model(tiny_llama, compute_digest(tiny_llama))
+    draft = make_tiny_llama(tmp_path / "src" / "draft", num_hidden_layers=1, hidden_size=32, seed=3)
+    other = make_tiny_llama(tmp_path / "src" / "other", vocab_size=384, num_hidden_layers=1)
+    cache = tmp_path / "cache"
+    pin = DraftModelSpec(source=f"file://{draft}", digest=compute_digest(draft))
+    dest, draft_dest = cache / "rev1" / "model", Path(draft_weights_path("rev1", pin, str(cache)))
+    assert draft_dest == cache / "rev1-draft" / "draft"
+    prepull(model, dest, draft=DraftPull(pin, draft_dest))
+    assert compute_digest(draft_dest) == pin.digest and read_record(draft_dest) is not None
+
+    refused = DraftModelSpec(source=f"file://{other}", digest=compute_digest(other))
+    with pytest.raises(WeightsError, match=r"the draft model file://.*other has another vocabulary .*\(384 tokens vs"):
+        prepull(model, cache / "rev2" / "model", draft=DraftPull(refused, cache / "rev2-draft" / "other"))
+    wrong = DraftModelSpec(source=f"file://{draft}", digest="sha256:" + "0" * 64)
+    with pytest.raises(WeightsError, match="the draft model: digest mismatch"):
+        prepull(model, cache / "rev3" / "model", draft=DraftPull(wrong, cache / "rev3-draft" / "draft"))
+    assert not (cache / "rev3-draft" / "draft").exists(), "a draft that fails verification is never in place"
+
+    log = tmp_path / "termination-log"
+    log.touch()
+    base = ["--source", model.source, "--digest", str(model.digest), "--dest", str(cache / "rev4" / "model"),
+            "--termination-log", str(log), "--quiet"]  # fmt: skip
+    assert main([*base, "--draft-source", refused.source, "--draft-digest", str(refused.digest),
+                 "--draft-dest", str(cache / "rev4-draft" / "other")]) == 1  # fmt: skip
+    assert "another vocabulary" in log.read_text()
+    assert main([*base, "--draft-source", pin.source]) == 2 and "go together" in log.read_text()
+    assert main([*base, "--draft-source", pin.source, "--draft-digest", str(pin.digest),
+                 "--draft-dest", str(cache / "rev4-draft" / "draft")]) == 0  # fmt: skip
+    assert log.read_text() == model.digest  # the model's digest, as without a draft

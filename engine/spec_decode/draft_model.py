@@ -35,6 +35,18 @@ class DraftModelError(ValueError):
     """A draft model the target cannot use; the message names the draft and what differs."""
 
 
+def check_vocabulary(draft_tokenizer: Any, target_tokenizer: Any, where: str) -> None:
+    """Raise `DraftModelError` unless both tokenizers map the same tokens to the same ids: the target verifies
+    the draft's token ids as its own. (Also the weights pre-pull's check, once both models are fetched.)"""
+    theirs, ours = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()  # (each call builds a dict)
+    if theirs != ours:
+        differ = sum(1 for token, i in theirs.items() if ours.get(token) != i)
+        raise DraftModelError(
+            f"{where} has another vocabulary than the target's ({len(theirs)} tokens vs {len(ours)}, "
+            f"{differ} of the draft's differ): a draft must share the target's tokenizer"
+        )
+
+
 class DraftModel:
     """The draft's weights (`load`), then its runner and cache (`start`), and the shadows of the sequences it
     proposes for."""
@@ -58,13 +70,7 @@ class DraftModel:
         if not Path(path).exists():
             raise DraftModelError(f"{where} does not exist")
         cfg, _ = load_model_config(path)
-        theirs, ours = load_tokenizer(path).get_vocab(), target_tokenizer.get_vocab()  # (each call builds a dict)
-        if theirs != ours:
-            differ = sum(1 for token, i in theirs.items() if ours.get(token) != i)
-            raise DraftModelError(
-                f"{where} has another vocabulary than the target's ({len(theirs)} tokens vs {len(ours)}, "
-                f"{differ} of the draft's differ): a draft must share the target's tokenizer"
-            )
+        check_vocabulary(load_tokenizer(path), target_tokenizer, where)
         if cfg.max_position_embeddings < target.max_model_len:
             raise DraftModelError(
                 f"{where} reads at most {cfg.max_position_embeddings} positions (max_position_embeddings), fewer "

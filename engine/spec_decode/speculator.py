@@ -13,7 +13,8 @@ speculation from costing more than it gains:
   row at how often lately a proposal at its position was kept: later positions are kept less, so while a
   step reads the weights and little else (small batches; any GPU up to a large batch) rows are nearly free
   and every sequence proposes all it may, and as it turns compute-bound (a larger batch; a CPU soon) only
-  the first positions, whose proposals are kept most, pay for their rows, then none.
+  the first positions, whose proposals are kept most, pay for their rows, then none. One such step in
+  `EXPLORE_EVERY` takes one position more, so that the costs just past its choice are measured, not assumed.
 
 Proposing itself costs time too (a draft model runs K steps of its own): the step budget counts the time
 the last proposals took (an average) as part of the longer step.
@@ -40,6 +41,10 @@ from folio.engine.structured import mask
 EMA_WEIGHT = 0.5  # of the newest verify step in a sequence's average of kept tokens
 MIN_KEPT = 0.25  # tokens kept per verify step, on average, below which a sequence pauses its proposals
 MAX_PAUSE = 64  # steps
+# One step in so many whose budget stops short takes one position more than the learnt costs say pays: costs
+# past the sizes a step runs are extrapolated, and a step that never runs larger never learns better (one slow
+# sample could keep proposals off for good)
+EXPLORE_EVERY = 32
 
 
 @dataclass
@@ -145,6 +150,7 @@ class Speculator:
         self.proposing_seconds = 0.0  # what proposing took lately, per step that proposed (an average)
         self._records: dict[int, _Record] = {}  # by id(sequence), while it runs
         self._planned: dict[int, list[int]] = {}  # this step's proposals, by id(sequence)
+        self._short_steps = 0  # steps whose budget stopped short of all they could propose (`EXPLORE_EVERY`)
 
     def step_budget(self, num_decodes: int) -> int:
         """Proposed tokens a step of ``num_decodes`` decoding sequences verifies: as many as give it the most
@@ -163,6 +169,10 @@ class Speculator:
             rate = expected / (cost + self.proposing_seconds)
             if rate > best_rate:
                 best, best_rate = extra, rate
+        if best < most:
+            self._short_steps += 1
+            if self._short_steps % EXPLORE_EVERY == 0:  # measure the next position's rows (see EXPLORE_EVERY)
+                return min(most, best + num_decodes)
         return best
 
     def step_ran(self, rows: int, seconds: float) -> None:

@@ -31,7 +31,7 @@ from folio.operator.local.render import status_table
 from folio.operator.local.state import SavedState, StateDir, write_json_atomic
 from folio.operator.local.supervisor import Process, Supervisor
 from folio.operator.parity import SuitePrompt, local_suite
-from folio.operator.prepull import ProgressBar, WeightsError, prepull
+from folio.operator.prepull import DraftPull, ProgressBar, WeightsError, prepull
 from folio.operator.reconcile import Capacity, Memory, Target, run_pass
 from folio.operator.rollout import Decision, Event, Observed, RevisionFacts
 from folio.operator.router.secrets import FolderSecrets
@@ -344,8 +344,9 @@ class LocalRuntime:
         """Start the revision's pre-pull once (a verified copy from an earlier run makes it a quick no-op)."""
         if rev.name not in self.weights:
             w = self.weights[rev.name] = Weights("pending", "pre-pulling")
+            draft = None if rev.draft_pull is None else DraftPull(rev.draft_pull[0], Path(rev.draft_pull[1]))
             self._pulls[rev.name] = asyncio.create_task(
-                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w, rev.parallel))
+                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w, rev.parallel, draft))
 
     def _pull_adapter(self, rev: AdapterRevisionPlan) -> None:
         """The same for an adapter revision's files."""
@@ -354,7 +355,8 @@ class LocalRuntime:
             what = f"adapter {rev.adapter} revision {rev.revision}"
             self._pulls[f"adapter {rev.revision}"] = asyncio.create_task(self._pull(what, rev.pin, rev.path, w))
 
-    async def _pull(self, what: str, pin: ModelSource, dest: str, w: Weights, parallel: tuple[int, int] = (1, 1)) -> None:
+    async def _pull(self, what: str, pin: ModelSource, dest: str, w: Weights, parallel: tuple[int, int] = (1, 1),
+                    draft: DraftPull | None = None) -> None:  # fmt: skip
         bar = ProgressBar(quiet=not self.console.is_terminal, console=self.console, transient=True, label=what)
 
         self._say(escape(f"pre-pulling the {what} from {pin.source}"))
@@ -366,14 +368,16 @@ class LocalRuntime:
                         show(phase, done, total)
                     w.message = f"{phase} {done / max(total, 1):.0%} of {total / 2**20:.0f} MiB"  # shown in status
 
-                pulled = await asyncio.to_thread(prepull, pin, Path(dest), progress=progress, parallel=parallel)
+                pulled = await asyncio.to_thread(prepull, pin, Path(dest), progress=progress, parallel=parallel,
+                                                 draft=draft)  # fmt: skip
         except (WeightsError, OSError, ValueError) as exc:
             w.state, w.message = "failed", str(exc)
             self._say(f"[red]{escape(what)} failed[/]: {escape(str(exc))}")
         else:
             w.state, w.message = "ready", ""
             how = "already in the cache" if pulled.reused else f"pulled from {pin.source}"
-            self._say(escape(f"{what} verified ({pulled.digest}), {how}: {pulled.path}"))
+            also = f" (and its draft model, {draft.pin.source}: {draft.dest})" if draft is not None else ""
+            self._say(escape(f"{what} verified ({pulled.digest}), {how}: {pulled.path}{also}"))
         self._wake.set()
 
     def _write_router_config(self, config: RouterConfig) -> RouterConfig | None:

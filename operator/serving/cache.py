@@ -2,7 +2,8 @@
 revision: ``/weights/adapters/{rev}/<name>``, `folio.operator.serving.adapters`).
 
 ``{isvc}-weights`` holds one folder per revision, ``/weights/{rev}/<model>`` where the engine pods
-mount it read-only; while a revision's weights are not verified, the Job ``{isvc}-prepull-{rev}``
+mount it read-only (and ``/weights/{rev}-draft/<model>``, its draft model, when it has one); while a
+revision's weights are not verified, the Job ``{isvc}-prepull-{rev}``
 runs `python -m folio.operator.prepull` (fetch and verify) with the cache mounted read-write. The
 hub token, when there is one, reaches this Job only.
 """
@@ -12,9 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from folio.operator.k8s.names import cache_pvc_name, component_labels, prepull_job_name
-from folio.operator.prepull import CACHE_MOUNT, SOURCE_MOUNT, pvc_claim_and_path, weights_path
+from folio.operator.prepull import (
+    CACHE_MOUNT,
+    DRAFT_TOKEN_ENV,
+    SOURCE_MOUNT,
+    pvc_claim_and_path,
+    weights_path,
+)
 from folio.operator.serving.security import harden
-from folio.operator.spec import CacheSpec, ModelSource
+from folio.operator.spec import CacheSpec, ModelSource, PinnedSource
 
 Obj = dict[str, Any]
 
@@ -56,13 +63,15 @@ def prepull_job(
     backoff_limit: int = 2,
     dest: str | None = None,
     parallel: tuple[int, int] = (1, 1),
+    draft: tuple[PinnedSource, str] | None = None,
 ) -> Obj:
     """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it
     (``dest``: elsewhere in the cache, as an adapter revision's ``/weights/adapters/{rev}``).
 
     ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
     InferenceService, so the Job goes with it. ``parallel``: the revision's (tensorParallelSize,
-    pipelineParallelSize), which the Job checks the model against once it has the weights.
+    pipelineParallelSize), which the Job checks the model against once it has the weights. ``draft``: the
+    revision's draft model and where it goes (`prepull.draft_weights_path`), fetched by the same Job.
     """
     args = ["--source", model.source, "--dest", dest or weights_path(rev, model)]
     if model.revision:
@@ -71,16 +80,26 @@ def prepull_job(
         args += ["--digest", model.digest]
     if parallel != (1, 1):
         args += ["--tensor-parallel-size", str(parallel[0]), "--pipeline-parallel-size", str(parallel[1])]
+    pins: list[tuple[PinnedSource, str]] = [(model, "HF_TOKEN")]
+    if draft is not None:
+        pin, path = draft
+        args += ["--draft-source", pin.source, "--draft-dest", path]
+        args += ["--draft-revision", pin.revision] if pin.revision else []
+        args += ["--draft-digest", pin.digest] if pin.digest else []
+        pins.append((pin, DRAFT_TOKEN_ENV))
     mounts: list[Obj] = [{"name": "weights", "mountPath": CACHE_MOUNT}]
     volumes: list[Obj] = [{"name": "weights", "persistentVolumeClaim": {"claimName": cache_pvc_name(isvc)}}]
-    if model.scheme == "pvc":
-        claim, _ = pvc_claim_and_path(model.source)
-        mounts.append({"name": "source", "mountPath": f"{SOURCE_MOUNT}/{claim}", "readOnly": True})
-        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     env: list[Obj] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
-    if model.credentials_secret_ref is not None:  # the token reaches this Job only, as an env var
-        ref = model.credentials_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    claims: list[str] = []
+    for pin, token_env in pins:
+        if pin.scheme == "pvc" and (claim := pvc_claim_and_path(pin.source)[0]) not in claims:
+            name = f"source-{len(claims)}" if claims else "source"
+            mounts.append({"name": name, "mountPath": f"{SOURCE_MOUNT}/{claim}", "readOnly": True})
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+            claims.append(claim)
+        if pin.credentials_secret_ref is not None:  # the token reaches this Job only, as an env var
+            ref = pin.credentials_secret_ref
+            env.append({"name": token_env, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     container = {
         "name": "prepull",
         "image": image,

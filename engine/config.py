@@ -129,8 +129,6 @@ class EngineConfig:
                 self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
             except SpeculativeConfigError as exc:
                 raise bad("speculative_config", f"vLLM's speculative JSON ({exc})") from None
-        if self.speculative_config is not None and self.tensor_parallel_size > 1:
-            raise bad("speculative_config", "unset with tensor parallelism (not supported together yet)")
         if self.pipeline_parallel_size > 1:
             if self.speculative_config is not None:
                 raise bad("speculative_config", "unset with pipeline parallelism (not supported together yet)")

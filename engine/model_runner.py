@@ -173,6 +173,7 @@ class ModelRunner:
             cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device
         )
         self.sampler = Sampler(seed, device)
+        self.samples = True  # False on the ranks other than 0 (`folio.engine.distributed.worker`): rank 0 samples
         self.block_tables = BlockTables(block_size, device)
         self.use_kernels = device.type == "cuda"
         model.use_kernels(self.use_kernels)
@@ -285,7 +286,8 @@ class ModelRunner:
     ) -> tuple[list[ScheduledSeq], SampleResult | None]:
         """The sampling sequences' next tokens from their rows' hidden states (eager and graph steps)."""
         if any(item.draft for item in sampling):
-            return sampling, self._verify(self._logits(hidden), sampling)
+            logits = self._logits(hidden)  # (every rank joins the vocabulary's gather; rank 0 verifies)
+            return sampling, self._verify(logits, sampling) if self.samples else None
         seqs = [s.seq for s in sampling]
         if self.logit_noise is None and plain_greedy(seqs):
             tokens = self.model.greedy_tokens(hidden)

@@ -3,9 +3,10 @@
 The other ranks run the very same `ModelRunner.step` on a mirror of rank 0's batch, so every rank
 lays out the same tokens, slots and block tables and meets the same collectives in the same order. A
 mirrored sequence carries only what a step reads: this step's tokens (and the next one, which prompt
-positions are scored against), where they start, the block table, the length and the sampling
-parameters. Both sides keep the mirrors of exactly the previous step's sequences, so a sequence that
-stays in the batch sends only the blocks added to its table since, and its parameters once. A sequence
+positions are scored against), where they start, the block table, the length, the sampling
+parameters, and the tokens a verify step (speculative decoding) computes after the last one. Both
+sides keep the mirrors of exactly the previous step's sequences, so a sequence that stays in the batch
+sends only the blocks added to its table since, and its parameters once. A sequence
 collecting logits over its prompt also sends the next prompt position it collects: every rank turns the
 same slices of prompt positions into logits, whose vocabulary-parallel gather all ranks join.
 """
@@ -20,8 +21,9 @@ from folio.engine.scheduler import ScheduledSeq
 
 # (request id, first token's position, tokens this step, tokens from that position, length, prompt
 #  length, table entries from `table_from` on, table_from, params or None when the worker has them,
-#  adapter slot or -1, the next prompt position it collects logits of or None)
-SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int, int | None]
+#  adapter slot or -1, the next prompt position it collects logits of or None, the proposed tokens it
+#  verifies: speculative decoding's draft, [] without)
+SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int, int | None, list[int]]
 
 
 class StepEncoder:
@@ -45,7 +47,7 @@ class StepEncoder:
             updates.append((
                 seq.request_id, start, item.num_tokens, seq.token_ids[start : start + item.num_tokens + 1],
                 len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params, seq.lora_slot,
-                None if collector is None or collector.complete else collector.next_position,
+                None if collector is None or collector.complete else collector.next_position, item.draft,
             ))  # fmt: skip
             sent[seq.request_id] = (table, len(table))
         self._sent = sent
@@ -80,7 +82,7 @@ class StepMirror:
     def decode(self, updates: list[SeqUpdate]) -> list[ScheduledSeq]:
         seqs: dict[str, MirroredSeq] = {}
         batch: list[ScheduledSeq] = []
-        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot, prompt_next in updates:
+        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot, prompt_next, draft in updates:
             seq = self._seqs.get(rid)
             if params is not None:
                 seq = MirroredSeq(rid, params)
@@ -98,6 +100,6 @@ class StepMirror:
             seq.lora_slot = lora_slot
             seq.prompt_logits = None if prompt_next is None else PromptPositions(num_prompt, prompt_next)
             seqs[rid] = seq
-            batch.append(ScheduledSeq(seq, num_tokens))  # type: ignore[arg-type]
+            batch.append(ScheduledSeq(seq, num_tokens, draft))  # type: ignore[arg-type]
         self._seqs = seqs
         return batch

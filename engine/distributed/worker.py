@@ -113,7 +113,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         spec.dtype, device, cfg.seed, max_num_seqs=cfg.max_num_seqs, enforce_eager=enforce_eager,
         lora=lora is not None,
     )
-    runner.sampler = _NoSampling()  # type: ignore[assignment]
+    runner.sampler, runner.samples = _NoSampling(), False  # type: ignore[assignment]
     warm_up_kernels(runner, mc.max_model_len)  # compiles this process's kernels, as rank 0 does its own
     conn.send(("ready", _ready(runner)))
     mirror = StepMirror()

@@ -310,11 +310,6 @@ def test_a_speculative_config_the_engine_cannot_run_is_refused(value: Any, messa
     assert info.value.field == "speculative_config"
 
 
-def test_tensor_parallelism_with_speculation_is_refused() -> None:
-    with pytest.raises(ConfigValueError, match="tensor parallelism"):
-        EngineConfig("m", tensor_parallel_size=2, speculative_config=NGRAM)
-
-
 def test_folio_serve_refuses_a_bad_speculative_config_naming_the_flag() -> None:
     import argparse
 

@@ -265,6 +265,46 @@ def test_step_mirror_rebuilds_the_batch_and_sends_only_new_blocks() -> None:
     assert (third[0][6], third[0][7]) == ([12], 0)
 
 
+def test_the_step_mirror_carries_a_verify_steps_proposals() -> None:
+    from folio.engine.distributed.step_broadcast import StepEncoder, StepMirror
+    from folio.engine.model_runner import prepare_inputs
+    from folio.engine.scheduler import ScheduledSeq
+    from folio.engine.sequence import Sequence
+
+    a = Sequence("a", None, [4, 5, 6, 4, 5], SamplingParams(max_tokens=9), 24, frozenset())
+    a.block_table, a.num_computed_tokens = [2], 4
+    batch = [ScheduledSeq(a, 3, [6, 4])]  # its last token and two proposals after it
+    [mirrored] = StepMirror().decode(StepEncoder().encode(batch))
+    want, got = prepare_inputs(batch, 16, torch.device("cpu")), prepare_inputs([mirrored], 16, torch.device("cpu"))
+    assert mirrored.draft == [6, 4] and mirrored.samples
+    assert (got.input_ids, got.positions, got.slots, got.logit_rows) == (want.input_ids, want.positions, want.slots,
+                                                                          want.logit_rows) == ([5, 6, 4], [4, 5, 6],
+                                                                                               [36, 37, 38], [0, 1, 2])  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft model"])
+def test_tp2_speculates_token_exact(tp_model, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verify steps over two ranks: the proposals reach the other rank with the step, every verify row's logits
+    are gathered over the vocabulary's halves, and greedy answers are one process's without speculation (the
+    draft model, when there is one, runs beside rank 0)."""
+    from folio.engine.spec_decode.speculator import Speculator
+    from tests.engine.test_spec_decode_engine import repetitive_prompts
+
+    monkeypatch.setattr(Speculator, "step_budget", lambda self, n: self.k * n)  # (rank 0 plans every step)
+    path = tp_model("kv2-tied")
+    config = ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+              if method == "ngram" else
+              {"model": str(path), "num_speculative_tokens": 3})  # the target, whole, as its own draft: kept  # fmt: skip
+    prompts = repetitive_prompts(500, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for tp1 in _llm(path, 1):
+        expected = [o.outputs[0].token_ids for o in tp1.generate(prompts, params)]
+    for tp2 in _llm(path, 2, speculative_config=config):
+        assert [o.outputs[0].token_ids for o in tp2.generate(prompts, params)] == expected
+        stats = tp2.llm_engine.stats().spec_decode
+        assert stats is not None and stats.num_accepted_tokens > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "qwen3-moe", "gemma3", "phi3-longrope", "qwen2-window"])
 def test_tp2_families_match_transformers(tp_model, family: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from folio.engine import LLM, SamplingParams
@@ -17,8 +16,6 @@ from folio.operator.testing.wait import wait_for
 from tests.local.test_e2e import router_ready
 from tests.server.conftest import free_port
 from tests.support.models import make_tiny_llama
-
-pytestmark = pytest.mark.slow
 
 NAME = "drafted"
 PROMPTS = ["one two three one two three one two", "the cat sat on the mat and the cat sat on", "a b c d a b c d a"]

@@ -8,7 +8,8 @@ speculation from costing more than it gains:
   proposals the target keeps too rarely (`MIN_KEPT`) stops proposing for a while, twice as long each time;
 - per step, by what a row costs on this machine (`StepCosts`, learnt from the decode steps the engine runs):
   a step of M decoding sequences gets the D more rows that give it the most tokens per second, M + E(D)
-  tokens over the longer step's time, D = 0 (no proposals) included. Rows go round the sequences a
+  tokens over the longer step's time, D = 0 (no proposals) included, and proposals only where they promise
+  `MIN_GAIN` more than none. Rows go round the sequences a
   position at a time (every sequence's first proposal, then the second ones, ...), and E(D) counts each
   row at how often lately a proposal at its position was kept: later positions are kept less, so while a
   step reads the weights and little else (small batches; any GPU up to a large batch) rows are nearly free
@@ -45,6 +46,10 @@ MAX_PAUSE = 64  # steps
 # past the sizes a step runs are extrapolated, and a step that never runs larger never learns better (one slow
 # sample could keep proposals off for good)
 EXPLORE_EVERY = 32
+# How many more tokens a second a step's proposals must promise than none: the step costs are medians of noisy
+# steps, and what a kept token costs besides its row (verifying it, its bookkeeping and streaming) is not in
+# them, so a budget at break-even (a batch that is compute-bound already) would lose what it cannot see
+MIN_GAIN = 0.05
 
 
 @dataclass
@@ -160,7 +165,7 @@ class Speculator:
         base = self.costs.cost(num_decodes) if num_decodes else None
         if base is None:
             return most
-        best, best_rate, expected = 0, num_decodes / base, float(num_decodes)
+        best, best_rate, expected = 0, num_decodes / base * (1 + MIN_GAIN), float(num_decodes)
         for extra in range(1, most + 1):
             cost = self.costs.cost(num_decodes + extra)
             if cost is None:

@@ -17,7 +17,7 @@ from folio.engine.llm_engine import LLMEngine
 from folio.engine.sampling_params import SamplingParams as Params
 from folio.engine.sequence import Sequence
 from folio.engine.spec_decode.config import SpeculativeConfig
-from folio.engine.spec_decode.speculator import EXPLORE_EVERY, MIN_KEPT, Speculator
+from folio.engine.spec_decode.speculator import EXPLORE_EVERY, MIN_GAIN, MIN_KEPT, Speculator, StepCosts
 from tests.engine.test_families import FAMILIES
 from tests.support.models import make_tiny_llama
 
@@ -248,6 +248,20 @@ def test_a_slow_sample_past_a_steps_size_does_not_keep_proposals_off_for_good() 
     for _ in range(3):
         spec.step_ran(16, 0.024)  # what that step (and the next ones like it) measured: 0.5 ms a row
     assert spec.step_budget(8) > 0
+
+
+def test_proposals_at_break_even_are_not_made() -> None:
+    """A compute-bound batch, where a row costs what a kept proposal brings: the learnt costs promising a few
+    percent more tokens a second are within their own noise, and proposals must promise MIN_GAIN."""
+    spec = Speculator(SpeculativeConfig.parse(NGRAM))
+    spec.kept_at = [1.0] * 4
+    for rows in (16, 32):  # 16 decoding sequences: 16 ms; each row past them 1 ms for a kept token
+        for _ in range(3):
+            spec.step_ran(rows, 0.016 + 0.001 * (rows - 16))
+    assert spec.step_budget(16) == 0
+    for _ in range(StepCosts.WINDOW):
+        spec.step_ran(32, 0.016 * 1.8)  # twice the tokens for 1.8x the time: 11% more
+    assert MIN_GAIN < 0.11 and spec.step_budget(16) > 0
 
 
 def test_kept_proposals_are_counted_by_position() -> None:

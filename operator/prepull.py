@@ -164,17 +164,19 @@ def prepull(
             drafted = _pull(draft.pin, draft.dest, source_root, draft.token, downloader, progress)
         except WeightsError as exc:
             raise WeightsError(f"the draft model: {exc}") from None
-        check_draft(pulled.path, drafted.path, draft.pin.source)
+        check_draft(pulled.path, drafted.path, draft.pin.source, draft.max_model_len)
     return pulled
 
 
 @dataclass(frozen=True)
 class DraftPull:
-    """A revision's draft model: its pin, where it goes (`draft_weights_path`), the hub token for it."""
+    """A revision's draft model: its pin, where it goes (`draft_weights_path`), the hub token for it, and the
+    revision's maxModelLen (None: the model's own), which the draft must read as far as."""
 
     pin: PinnedSource
     dest: Path
     token: str | None = None
+    max_model_len: int | None = None
 
 
 def draft_weights_path(rev: str, pin: PinnedSource, root: str = CACHE_MOUNT) -> str:
@@ -183,18 +185,26 @@ def draft_weights_path(rev: str, pin: PinnedSource, root: str = CACHE_MOUNT) -> 
     return weights_path(f"{rev}-draft", pin, root)
 
 
-def check_draft(model: Path, draft: Path, source: str) -> None:
-    """Raise `WeightsError` unless the draft at ``draft`` shares the tokenizer of the model at ``model``: the
-    engine's own start-up check, made here so that status says so instead of every replica failing."""
+def check_draft(model: Path, draft: Path, source: str, max_model_len: int | None = None) -> None:
+    """Raise `WeightsError` unless the draft at ``draft`` shares the tokenizer of the model at ``model`` and
+    reads as many positions as the revision's engines serve (``max_model_len``, else the model's own): the
+    engine's own start-up checks, made here so that status says so instead of every replica failing."""
+    from folio.engine.loader import load_model_config
     from folio.engine.spec_decode.draft_model import DraftModelError, check_vocabulary
     from folio.engine.tokenizer.loading import load_tokenizer
 
     try:
         check_vocabulary(load_tokenizer(str(draft)), load_tokenizer(str(model)), f"the draft model {source}")
+        needed = max_model_len or load_model_config(model)[0].max_position_embeddings
+        reads = load_model_config(draft)[0].max_position_embeddings
     except DraftModelError as exc:
         raise WeightsError(str(exc)) from None
-    except Exception as exc:  # a tokenizer that does not load: its libraries raise many types
-        raise WeightsError(f"the draft model {source}: its tokenizer cannot be read beside the model's: {exc}") from exc
+    except Exception as exc:  # a tokenizer or config that does not load: its libraries raise many types
+        raise WeightsError(f"the draft model {source} cannot be read beside the model: {exc}") from exc
+    if reads < needed:
+        raise WeightsError(f"the draft model {source} reads at most {reads} positions (max_position_embeddings), "
+                           f"fewer than the revision's max_model_len {needed}: lower spec.engine.args.maxModelLen "
+                           "or pin another draft")  # fmt: skip
 
 
 def check_parallel(path: Path, tensor: int, pipeline: int) -> None:
@@ -334,6 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-revision", help="the draft's --revision")
     p.add_argument("--draft-digest", help="the draft's --digest")
     p.add_argument("--draft-dest", type=Path, help="where the draft goes: /weights/REV-draft/<model>")
+    p.add_argument("--max-model-len", type=int, help="the revision's maxModelLen, which the draft must read to")
     p.add_argument("--termination-log", type=Path, default=Path(TERMINATION_LOG), help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -352,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.draft_digest is not None and not DIGEST_RE.match(args.draft_digest):
                 raise WeightsError(f"malformed --draft-digest {args.draft_digest!r}: expected sha256: and 64 lowercase hex")
             pin = DraftModelSpec(source=args.draft_source, revision=args.draft_revision, digest=args.draft_digest)
-            draft = DraftPull(pin, args.draft_dest, token=os.environ.get(DRAFT_TOKEN_ENV))
+            draft = DraftPull(pin, args.draft_dest, os.environ.get(DRAFT_TOKEN_ENV), args.max_model_len)
     except (ValueError, WeightsError) as exc:
         return _finish(args, 2, f"invalid pin: {exc}")
     try:

@@ -202,6 +202,11 @@ def test_a_draft_model_is_pulled_beside_the_weights_and_must_share_their_tokeniz
     refused = DraftModelSpec(source=f"file://{other}", digest=compute_digest(other))
     with pytest.raises(WeightsError, match=r"the draft model file://.*other has another vocabulary .*\(384 tokens vs"):
         prepull(model, cache / "rev2" / "model", draft=DraftPull(refused, cache / "rev2-draft" / "other"))
+    short = make_tiny_llama(tmp_path / "src" / "short", num_hidden_layers=1, max_position_embeddings=64)
+    shorter = DraftModelSpec(source=f"file://{short}", digest=compute_digest(short))
+    with pytest.raises(WeightsError, match=r"reads at most 64 positions .* fewer than the revision's max_model_len 1024"):
+        prepull(model, cache / "rev5" / "model", draft=DraftPull(shorter, cache / "rev5-draft" / "short"))
+    prepull(model, cache / "rev5" / "model", draft=DraftPull(shorter, cache / "rev5-draft" / "short", max_model_len=64))
     wrong = DraftModelSpec(source=f"file://{draft}", digest="sha256:" + "0" * 64)
     with pytest.raises(WeightsError, match="the draft model: digest mismatch"):
         prepull(model, cache / "rev3" / "model", draft=DraftPull(wrong, cache / "rev3-draft" / "draft"))

@@ -63,7 +63,7 @@ def prepull_job(
     backoff_limit: int = 2,
     dest: str | None = None,
     parallel: tuple[int, int] = (1, 1),
-    draft: tuple[PinnedSource, str] | None = None,
+    draft: tuple[PinnedSource, str, int | None] | None = None,
 ) -> Obj:
     """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it
     (``dest``: elsewhere in the cache, as an adapter revision's ``/weights/adapters/{rev}``).
@@ -71,7 +71,8 @@ def prepull_job(
     ``image`` must contain folio (the engine image does). ``owner`` is an ownerReference to the
     InferenceService, so the Job goes with it. ``parallel``: the revision's (tensorParallelSize,
     pipelineParallelSize), which the Job checks the model against once it has the weights. ``draft``: the
-    revision's draft model and where it goes (`prepull.draft_weights_path`), fetched by the same Job.
+    revision's draft model, where it goes (`prepull.draft_weights_path`) and the revision's maxModelLen (None:
+    the model's own), fetched and checked by the same Job.
     """
     args = ["--source", model.source, "--dest", dest or weights_path(rev, model)]
     if model.revision:
@@ -82,8 +83,9 @@ def prepull_job(
         args += ["--tensor-parallel-size", str(parallel[0]), "--pipeline-parallel-size", str(parallel[1])]
     pins: list[tuple[PinnedSource, str]] = [(model, "HF_TOKEN")]
     if draft is not None:
-        pin, path = draft
+        pin, path, max_model_len = draft
         args += ["--draft-source", pin.source, "--draft-dest", path]
+        args += ["--max-model-len", str(max_model_len)] if max_model_len else []
         args += ["--draft-revision", pin.revision] if pin.revision else []
         args += ["--draft-digest", pin.digest] if pin.digest else []
         pins.append((pin, DRAFT_TOKEN_ENV))

@@ -97,9 +97,13 @@ class RevisionPlan:
     draft_weights: str | None = None
 
     @property
-    def draft_pull(self) -> tuple[PinnedSource, str] | None:
-        """What the pre-pull fetches beside the weights: the draft model and where it goes (None: no draft)."""
-        return None if self.draft is None or self.draft_weights is None else (self.draft, self.draft_weights)
+    def draft_pull(self) -> tuple[PinnedSource, str, int | None] | None:
+        """What the pre-pull fetches beside the weights (None: no draft): the draft model, where it goes, and
+        the context it must read (the revision's maxModelLen; None: the model's own)."""
+        if self.draft is None or self.draft_weights is None:
+            return None
+        max_model_len = self.args.get("maxModelLen")
+        return self.draft, self.draft_weights, max_model_len if isinstance(max_model_len, int) else None
 
     def serve_args(self, port: int | None = None, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
         """The arguments of `folio serve` for one replica, its group's leader when it has workers (``port``:

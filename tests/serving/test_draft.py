@@ -48,6 +48,7 @@ def test_a_draft_model_with_its_config_plans_a_pull_and_the_engines_flag() -> No
     assert args[args.index("--draft-dest") + 1] == draft_dest
     assert args[args.index("--draft-revision") + 1] == "f" * 40
     assert "--draft-digest" not in args  # hf:// without a pinned digest: the Job records what it fetched
+    assert args[args.index("--max-model-len") + 1] == "4096"  # the spec's maxModelLen: the draft must read as far
     tokens = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
     assert tokens == {"HF_TOKEN": {"name": "hf-token", "key": "token"},
                       "FOLIO_DRAFT_HF_TOKEN": {"name": "draft-token", "key": "hf"}}  # each its own

@@ -225,15 +225,20 @@ class Session:
             time.sleep(0.5)
 
     def close(self) -> None:
-        """SIGINT to every process group started (as Ctrl-C would), then SIGKILL to what is left."""
-        for proc in reversed(self._groups):
+        """SIGINT to every process group still running (as Ctrl-C would), then SIGKILL to what is left; each
+        is reaped before this returns. (A group whose leader is reaped already is not signalled: its id may
+        be another process's by now.)"""
+        running = [proc for proc in reversed(self._groups) if proc.poll() is None]
+        for proc in running:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGINT)
-        for proc in reversed(self._groups):
+        for proc in running:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=60)  # a server drains on SIGINT; what is left after that is killed
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)  # the group's other processes too, if the leader is gone
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
         self._tmp.cleanup()
 
 

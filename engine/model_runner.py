@@ -18,6 +18,7 @@ from folio.engine.models.base import DecoderLM
 from folio.engine.sampler import Sampler, SampleResult, first_max, plain_greedy
 from folio.engine.scheduler import ScheduledSeq
 from folio.engine.spec_decode.rejection import verify, verify_greedy
+from folio.engine.structured import mask
 from folio.kernels import decode_attention_cpu
 from folio.kernels.layout import allocate_kv_cache, kv_cache_block_bytes
 
@@ -312,14 +313,17 @@ class ModelRunner:
             for j, i in enumerate(plain):
                 result.token_ids[i], result.logprobs[i] = sampled.token_ids[j], sampled.logprobs[j]
                 result.sampled_logprobs[i] = sampled.sampled_logprobs[j]
+        if any(item.draft and mask.constrained(item.seq) for item in sampling):
+            self.sampler.bitmasks.wait()  # a fill under way reads the matchers that `constrained_rows` moves
         for i, item in enumerate(sampling):
             if not item.draft:
                 continue
             seq, rows = item.seq, logits[starts[i] : starts[i + 1]]
+            chosen = mask.constrained_rows(rows, seq, item.draft) if mask.constrained(seq) else rows
             if seq.params.greedy:  # the first maximum of each row, as the sampler takes it
-                emitted = verify_greedy(first_max(rows).tolist(), item.draft)
+                emitted = verify_greedy(first_max(chosen).tolist(), item.draft)
             else:
-                probs = self.sampler.distribution(rows.float(), [seq] * len(rows))
+                probs = self.sampler.distribution(chosen.float(), [seq] * len(rows))
                 probs /= probs.sum(dim=-1, keepdim=True)
                 emitted = verify(probs, item.draft, generator=seq.generator or self.sampler.generator)
             kept[i], result.token_ids[i] = emitted[:-1], emitted[-1]

@@ -37,7 +37,6 @@ from typing import Protocol
 from folio.engine.sequence import Sequence
 from folio.engine.spec_decode.config import SpeculativeConfig
 from folio.engine.spec_decode.ngram import NgramProposer
-from folio.engine.structured import mask
 
 EMA_WEIGHT = 0.5  # of the newest verify step in a sequence's average of kept tokens
 MIN_KEPT = 0.25  # tokens kept per verify step, on average, below which a sequence pauses its proposals
@@ -250,8 +249,9 @@ class Speculator:
 
 
 def _may_speculate(seq: Sequence) -> bool:
-    """Proposals are verified on the target's own distribution at each position; penalties and constraints
-    make that distribution depend on the tokens before it in ways the verify step does not follow, so such
+    """Proposals are verified on the target's own distribution at each position (under a grammar, each row
+    masked by the grammar's state after the proposals before it: `mask.constrained_rows`); penalties make
+    that distribution depend on the tokens before it in ways the verify step does not follow, so such
     sequences decode one token at a time, as do those that still need their prompt's logits."""
     params = seq.params
-    return not params.has_penalties and not mask.constrained(seq) and seq.prompt_logits is None
+    return not params.has_penalties and seq.prompt_logits is None

@@ -202,6 +202,9 @@ class GuidanceMatcher:
     def is_terminated(self) -> bool:
         return bool(self._m.is_stopped())
 
+    def rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
         self._fill(self._m, bitmask, row)
 

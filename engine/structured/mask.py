@@ -54,6 +54,12 @@ class BitmaskFiller:
         matchers = [seqs[i].grammar for i in rows]
         self._pending = (seqs, self._pool.submit(_bitmask, len(seqs), vocab_size, matchers, rows))
 
+    def wait(self) -> None:
+        """Waits for the fill under way, if any, and drops it (before something else moves the matchers)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].result()
+
     def take(self, seqs: list[Sequence]) -> torch.Tensor | None:
         """The bitmask begun for exactly these sequences, or None (then `apply` fills it itself). Waits for
         whatever fill is under way either way: no two threads ever move a matcher at once."""
@@ -89,6 +95,36 @@ def apply(logits: torch.Tensor, seqs: list[Sequence], bitmask: torch.Tensor | No
         else:
             _xgr().apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=grammar_rows)
     return logits
+
+
+def constrained_rows(rows: torch.Tensor, seq: Sequence, draft: list[int]) -> torch.Tensor:
+    """A verify step's rows of ``seq`` (its last token's, then one per proposal in ``draft``), as float32 with its
+    logit bias and, under a grammar, each row's own mask: row j's is the grammar's after the first j proposals,
+    so its matcher walks them as far as the grammar takes them, filling each mask, then steps back (the
+    scheduler moves it past what is kept). Rows past a proposal the grammar refuses are never kept (that row
+    cannot pick it): they stay unmasked. ``rows`` itself is not changed."""
+    assert rows.shape[0] == len(draft) + 1
+    bitmask = None
+    matcher = seq.grammar
+    if matcher is not None:
+        bitmask = _xgr().allocate_token_bitmask(len(rows), rows.shape[1])  # every token allowed
+        walked = 0
+        for j in range(len(rows)):
+            if matcher.is_terminated():  # an end accepted: nothing follows it
+                break
+            matcher.fill_next_token_bitmask(bitmask, j)
+            if j == len(draft) or not _allowed(bitmask, j, draft[j]) or not matcher.accept_token(draft[j]):
+                break
+            walked += 1
+        if walked:
+            matcher.rollback(walked)
+    return apply(rows.float().clone(), [seq] * len(rows), bitmask)
+
+
+def _allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
+    """Whether ``bitmask``'s ``row`` allows ``token`` (asked before the matcher takes it: llguidance's matcher
+    takes a token it does not allow as an error it cannot step back from)."""
+    return token // 32 < bitmask.shape[1] and bool((int(bitmask[row, token // 32]) >> (token % 32)) & 1)
 
 
 def _bitmask(num_rows: int, vocab_size: int, matchers: list[Any], rows: list[int]) -> torch.Tensor:

@@ -320,3 +320,39 @@ def test_the_bitmask_is_filled_beside_the_forward_only_where_a_core_is_free_for_
     assert not spare_core(torch.device("cpu")) and spare_core(torch.device("cuda"))
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     assert spare_core(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_constrained_answers_speculate_and_are_the_same(tiny_llama: Path, backend: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Speculation under grammars and logit biases: each verify row is masked by the grammar's state after the
+    proposals before it, so greedy answers are the ones decoded a token at a time, sampled ones fit their
+    constraints and repeat under a seed, and the matcher ends where the kept tokens put it."""
+    from folio.engine.spec_decode.speculator import Speculator
+
+    monkeypatch.setattr(Speculator, "step_budget", lambda self, n: self.k * n)  # propose in every step
+    engine = {"dtype": "float32", "max_model_len": 512, "structured_outputs_backend": backend}
+    schema = SCHEMAS["arrays with bounds, numbers with bounds"]
+    constraints = [StructuredOutputsParams(json=schema), StructuredOutputsParams(regex="(ab|cd|ef){6,12}"),
+                   StructuredOutputsParams(json=SCHEMAS["nested objects, enums, optional"])]  # fmt: skip
+    greedy = [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=c) for c in constraints]
+    greedy.append(SamplingParams(temperature=0.0, max_tokens=24, logit_bias={65: 8.0, 66: 8.0}))
+    nested = SCHEMAS["nested objects, enums, optional"]
+    sampled = [SamplingParams(temperature=1.0, seed=i, max_tokens=200, structured_outputs=(constraints[2], constraints[1])[i % 2])
+               for i in range(4)]  # fmt: skip  (the nested schema and the regex, in turns: each ends)
+    with LLM(str(tiny_llama), **engine) as plain:
+        want = _texts(plain, greedy)
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    with LLM(str(tiny_llama), **engine, speculative_config=ngram) as spec:
+        assert _texts(spec, greedy[:3]) == want[:3]  # the grammars' alone first: they proposed, and kept some
+        stats = spec.llm_engine.stats().spec_decode
+        assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+        assert _texts(spec, greedy) == want
+        answers = _texts(spec, sampled)
+        assert _texts(spec, sampled) == answers
+    for (text, reason), params in zip(answers, sampled, strict=True):
+        assert reason == "stop", text
+        if params.structured_outputs.json is not None:
+            jsonschema.validate(json.loads(text), nested)
+        else:
+            assert re.fullmatch("(ab|cd|ef){6,12}", text), text

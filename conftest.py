@@ -4,8 +4,16 @@ session stops at once when the editable install lacks a module added since it wa
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
+# and so would every process the tests start: `folio up` and the servers they stop with SIGINT (as Ctrl-C
+# would) would ignore it and be killed only once a wait for them ran out. Ctrl-C's own handler again, here
+# and so (a handler is reset by exec, an ignored signal is not) in the children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -344,10 +344,8 @@ class LocalRuntime:
         """Start the revision's pre-pull once (a verified copy from an earlier run makes it a quick no-op)."""
         if rev.name not in self.weights:
             w = self.weights[rev.name] = Weights("pending", "pre-pulling")
-            pin, path, max_model_len = rev.draft_pull or (None, "", None)
-            draft = None if pin is None else DraftPull(pin, Path(path), max_model_len=max_model_len)
             self._pulls[rev.name] = asyncio.create_task(
-                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w, rev.parallel, draft))
+                self._pull(f"weights of revision {rev.name}", rev.model, rev.weights, w, rev.parallel, rev.draft_pull))
 
     def _pull_adapter(self, rev: AdapterRevisionPlan) -> None:
         """The same for an adapter revision's files."""

@@ -17,6 +17,7 @@ from folio.operator.prepull import (
     CACHE_MOUNT,
     DRAFT_TOKEN_ENV,
     SOURCE_MOUNT,
+    DraftPull,
     pvc_claim_and_path,
     weights_path,
 )
@@ -63,7 +64,7 @@ def prepull_job(
     backoff_limit: int = 2,
     dest: str | None = None,
     parallel: tuple[int, int] = (1, 1),
-    draft: tuple[PinnedSource, str, int | None] | None = None,
+    draft: DraftPull | None = None,
 ) -> Obj:
     """The Job ``{isvc}-prepull-{rev}`` that fills ``/weights/{rev}`` in the cache PVC and verifies it
     (``dest``: elsewhere in the cache, as an adapter revision's ``/weights/adapters/{rev}``).
@@ -83,9 +84,9 @@ def prepull_job(
         args += ["--tensor-parallel-size", str(parallel[0]), "--pipeline-parallel-size", str(parallel[1])]
     pins: list[tuple[PinnedSource, str]] = [(model, "HF_TOKEN")]
     if draft is not None:
-        pin, path, max_model_len = draft
-        args += ["--draft-source", pin.source, "--draft-dest", path]
-        args += ["--max-model-len", str(max_model_len)] if max_model_len else []
+        pin = draft.pin
+        args += ["--draft-source", pin.source, "--draft-dest", str(draft.dest)]
+        args += ["--max-model-len", str(draft.max_model_len)] if draft.max_model_len else []
         args += ["--draft-revision", pin.revision] if pin.revision else []
         args += ["--draft-digest", pin.digest] if pin.digest else []
         pins.append((pin, DRAFT_TOKEN_ENV))

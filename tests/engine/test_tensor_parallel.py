@@ -253,16 +253,16 @@ def test_step_mirror_rebuilds_the_batch_and_sends_only_new_blocks() -> None:
         return updates
 
     first = roundtrip([ScheduledSeq(a, 16), ScheduledSeq(b, 3)])
-    assert all(u[8] is params for u in first)  # parameters go with a sequence's first step
+    assert all(u.params is params for u in first)  # parameters go with a sequence's first step
     a.num_computed_tokens, b.num_computed_tokens = 16, 3
     b.token_ids.append(5)
     b.block_table.append(11)
     second = roundtrip([ScheduledSeq(a, 4), ScheduledSeq(b, 1)])
-    assert [(u[6], u[7], u[8]) for u in second] == [([], 2, None), ([11], 1, None)]  # only the new block
+    assert [(u.table, u.table_from, u.params) for u in second] == [([], 2, None), ([11], 1, None)]  # only the new block
     b.block_table = [12]  # preempted and re-allocated: a new table goes whole
     b.num_computed_tokens = 0
     third = roundtrip([ScheduledSeq(b, 4)])
-    assert (third[0][6], third[0][7]) == ([12], 0)
+    assert (third[0].table, third[0].table_from) == ([12], 0)
 
 
 def test_the_step_mirror_carries_a_verify_steps_proposals() -> None:
@@ -305,7 +305,6 @@ def test_tp2_speculates_token_exact(tp_model, method: str, monkeypatch: pytest.M
         assert stats is not None and stats.num_accepted_tokens > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "qwen3-moe", "gemma3", "phi3-longrope", "qwen2-window"])
 def test_tp2_families_match_transformers(tp_model, family: str) -> None:
     """Experts sharded behind a replicated router (Mixtral, Qwen3-MoE with a dense layer), Gemma 3's scaled

@@ -5,10 +5,16 @@ vocabulary. Each slice of a memmap runs numpy's subclass hooks (`__getitem__`, `
 each read made an empty array to learn its dtype's size: 10 s of parsing there. This reader keeps the same
 mapping as a plain ndarray and slices it directly (under 3 s): tensors still map the file, nothing is read
 early, and fields and tensors are the stock reader's (tests/engine/test_gguf_reader.py).
+
+`transformers` reads a GGUF's config and tokenizer with the stock reader, imported from `gguf` when it is
+called: `in_transformers` hands it this one instead (Gemma 3's config in 4 s, not 22).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import gguf
@@ -30,3 +36,17 @@ class GGUFReader(gguf.GGUFReader):
         count = int(count)
         arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+
+_swap = threading.Lock()
+
+
+@contextmanager
+def in_transformers() -> Iterator[None]:
+    """transformers' GGUF loading (config, tokenizer, weights) reads with `GGUFReader` inside the block."""
+    with _swap:  # one swap at a time: another thread's exit must not restore the stock reader under this one
+        stock, gguf.GGUFReader = gguf.GGUFReader, GGUFReader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = stock

@@ -181,13 +181,14 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     agree on every default), plus what that mapping drops."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from folio.engine.gguf_reader import GGUFReader
+    from folio.engine.gguf_reader import GGUFReader, in_transformers
 
     reader = GGUFReader(path)
     field = reader.fields.get("general.architecture")
     arch = field.contents() if field is not None else None
     gguf_family(str(arch))  # refuses unsupported architectures with the list of supported ones
-    raw = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    with in_transformers():
+        raw = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
     # keys that transformers' mapping leaves to its config defaults for some architectures
     for key, name in (("attention.key_length", "head_dim"), ("expert_count", "num_experts"),
                       ("expert_used_count", "num_experts_per_tok"),

@@ -13,5 +13,8 @@ def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> An
         return AutoTokenizer.from_pretrained(str(tokenizer))
     p = Path(model)
     if p.is_file() and p.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        from folio.engine.gguf_reader import in_transformers
+
+        with in_transformers():
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     return AutoTokenizer.from_pretrained(str(p))

@@ -5,11 +5,13 @@ the file rather than reading them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
+import pytest
 
-from folio.engine.gguf_reader import GGUFReader
+from folio.engine.gguf_reader import GGUFReader, in_transformers
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -34,3 +36,26 @@ def test_fields_and_tensors_are_the_stock_readers(smollm2_gguf_path: Path) -> No
         # a view of the file's mapping, not a copy read into memory
         assert not got.data.flags.owndata and not got.data.flags.writeable
         assert np.shares_memory(got.data, fast.data)
+
+
+def test_transformers_reads_a_gguf_through_it_inside_the_block(smollm2_gguf_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    stock = gguf.GGUFReader
+    want = load_gguf_checkpoint(str(smollm2_gguf_path), return_tensors=False)["config"]
+    opened: list[Any] = []
+    init = GGUFReader.__init__
+
+    def counting(self: GGUFReader, path: Any, *args: Any, **kwargs: Any) -> None:
+        opened.append(path)
+        init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(GGUFReader, "__init__", counting)
+    with in_transformers():
+        got = load_gguf_checkpoint(str(smollm2_gguf_path), return_tensors=False)["config"]
+    assert got == want and opened == [str(smollm2_gguf_path)]
+    assert gguf.GGUFReader is stock
+    with pytest.raises(RuntimeError), in_transformers():  # the stock reader is back whatever happens inside
+        raise RuntimeError
+    assert gguf.GGUFReader is stock

@@ -165,15 +165,14 @@ def _gguf_to_safetensors(gguf: Path, out_dir: Path, model_class: Any) -> Path:
 
 
 def _convert(gguf: Path, out_dir: Path, model_class: Any) -> None:
-    from unittest import mock
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from folio.engine.gguf_reader import GGUFReader
-    # transformers parses the file three times (config, weights, tokenizer) with gguf's reader; Folio's reads
-    # the same fields four times faster (tests/engine/test_gguf_reader.py): 30 s less for Gemma 3
-    with mock.patch("gguf.GGUFReader", GGUFReader):
+    from folio.engine.gguf_reader import in_transformers
+
+    # transformers parses the file three times (config, weights, tokenizer): with Folio's reader, 30 s less
+    # for Gemma 3
+    with in_transformers():
         src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = src.config

@@ -42,12 +42,10 @@ def _check(model: str, reference: Reference, **engine: object) -> None:
     assert "Paris" in outs[0].outputs[0].text
 
 
-@pytest.mark.slow  # as the GGUF check: one make test phase builds the folder and the reference for both
 def test_gemma3_270m_matches_transformers(gemma3_dir: Path, expected: Reference) -> None:
     _check(str(gemma3_dir), expected)
 
 
-@pytest.mark.slow
 def test_gemma3_270m_gguf_matches_transformers(gemma3_gguf_path: Path, gemma3_dir: Path, expected: Reference) -> None:
     # gemma3_dir holds the same GGUF as transformers dequantised it; the engine reads the file itself
     # (its own renaming and norm conversion), with the tokenizer of the folder (the GGUF's takes ~20 s)

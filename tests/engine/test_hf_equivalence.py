@@ -63,7 +63,6 @@ def test_smollm2_safetensors_matches_transformers(smollm2_dir: Path) -> None:
     _check_smollm2(str(smollm2_dir), smollm2_dir)
 
 
-@pytest.mark.slow
 def test_smollm2_gguf_matches_transformers(smollm2_gguf_path: Path, smollm2_dir: Path) -> None:
     # smollm2_dir is the same GGUF converted by transformers: same weights, HF's own dequantisation
     _check_smollm2(str(smollm2_gguf_path), smollm2_dir)

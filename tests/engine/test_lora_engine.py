@@ -298,7 +298,6 @@ def test_tensor_parallel_adapters_match_peft(models, adapters) -> None:
         assert outs[i] == peft_greedy(model_dir, lora, [ps[i]], GREEDY.max_tokens)[0], lora
 
 
-@pytest.mark.slow
 def test_smollm2_with_adapters_matches_peft(smollm2_dir: Path, tmp_path: Path) -> None:
     """A real model: SmolLM2-135M with a rank-16 and an rsLoRA rank-8 adapter and the base model in one batch,
     each token for token as peft's unmerged model."""

@@ -364,7 +364,6 @@ def test_the_counters_are_exported_under_vllms_names() -> None:
     assert "spec_decode" not in generate_latest(registry).decode()
 
 
-@pytest.mark.slow
 def test_smollm2_greedy_is_token_identical_on_an_input_grounded_prompt(smollm2_dir: Path) -> None:
     """SmolLM2, float32: a prompt that quotes a passage and asks for it again; prompt lookup proposes from the
     passage and the answer is the same, token for token."""

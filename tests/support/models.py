@@ -11,8 +11,10 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,19 @@ __all__ = [
 GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 # where `make install` assembles the Gemma 3 file from its part packages (inside the virtualenv)
 GEMMA3_DIR = Path(sys.prefix) / "share" / "folio-models"
-# the float32 conversions of SmolLM2 and Gemma 3, made once per virtualenv: each is read-only to its users,
-# and one copy (0.5 and 1.1 GB) serves every test worker, both `make test` phases and the benchmarks
-CONVERTED_DIR = GEMMA3_DIR / "converted"
+
+
+def _converted_dir() -> Path:
+    """Where the float32 conversions of SmolLM2 and Gemma 3 go, made once per virtualenv: each is read-only to
+    its users, and one copy (0.5 and 1.1 GB) serves every test worker, both `make test` phases and the
+    benchmarks. A Python whose prefix this user cannot write (a GPU image's) keeps them in the temp folder."""
+    prefix = Path(sys.prefix)
+    if os.access(prefix / "share" if (prefix / "share").exists() else prefix, os.W_OK):
+        return GEMMA3_DIR / "converted"
+    return Path(tempfile.gettempdir()) / "folio-models-converted"
+
+
+CONVERTED_DIR = _converted_dir()
 
 
 # A small chat template in the ChatML style SmolLM2 uses, for tokenizers that have none.

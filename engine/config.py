@@ -145,6 +145,13 @@ class EngineConfig:
         assert self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig)
         return self.speculative_config
 
+    @property
+    def max_decode_rows(self) -> int:
+        """The most single-token rows a decode step holds: a row per sequence, and with speculation one more
+        per proposed token (a verify step), so the decode graphs take verify steps too."""
+        spec = self.speculative
+        return self.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+
 
 @dataclass
 class ModelConfig:

@@ -198,7 +198,7 @@ class LLMEngine:
             self.parallel.start(num_blocks, enforce_eager=eager)  # the workers build theirs beside this one
         runner = ModelRunner(
             model, cfg, num_blocks, config.block_size, self.dtype, self.device, config.seed,
-            max_num_seqs=config.max_num_seqs, enforce_eager=eager,
+            max_num_seqs=config.max_num_seqs, max_decode_rows=config.max_decode_rows, enforce_eager=eager,
             lora=config.enable_lora,
         )
         if self.parallel:

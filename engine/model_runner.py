@@ -159,10 +159,13 @@ class ModelRunner:
         seed: int,
         *,
         max_num_seqs: int = 256,
+        max_decode_rows: int | None = None,
         enforce_eager: bool = False,
         lora: bool = False,
     ) -> None:
-        """``lora``: the model has adapter stacks (`attach_lora`): steps carry each token's slot."""
+        """``max_decode_rows``: the decode graphs' largest step (default ``max_num_seqs``; more with speculation:
+        `EngineConfig.max_decode_rows`). ``lora``: the model has adapter stacks (`attach_lora`): steps carry
+        each token's slot."""
         self.model = model
         self.lora = lora
         self.cfg = cfg
@@ -183,7 +186,7 @@ class ModelRunner:
         # CPU decode attention: the native kernel where this build has it, else gather + SDPA in buckets
         self.native_decode = device.type == "cpu" and decode_attention_cpu.supports(self.kv_caches[0][0])
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.max_num_seqs = max_num_seqs
+        self.max_decode_rows = max_decode_rows or max_num_seqs
         self.decode_graphs: DecodeGraphs | CpuDecodeGraphs | None = None
         self._start_decode_graphs(enforce_eager)
 
@@ -210,7 +213,7 @@ class ModelRunner:
         elif self.native_decode and self.model.vocab_parallel is None:
             self.decode_graphs = CpuDecodeGraphs(
                 lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx, None),
-                max_batch_size=self.max_num_seqs, max_model_len=self.cfg.max_model_len, block_size=self.block_size,
+                max_batch_size=self.max_decode_rows, max_model_len=self.cfg.max_model_len, block_size=self.block_size,
                 lora=self.lora,
             )  # fmt: skip
 
@@ -389,7 +392,7 @@ class ModelRunner:
     def enable_decode_graphs(
         self, graph_factory: GraphFactory | None = None, max_batch_size: int | None = None
     ) -> None:
-        """Capture the decode forward pass for batch sizes up to ``max_batch_size`` (default: max_num_seqs).
+        """Capture the decode forward pass for batch sizes up to ``max_batch_size`` (default: max_decode_rows).
 
         Needs the kernel path (the graphs are `folio.kernels` launches). ``graph_factory`` defaults to real
         CUDA graphs; tests pass `EagerStepGraph` to run the same buffers and dispatch on the CPU.
@@ -401,7 +404,7 @@ class ModelRunner:
         self.decode_graphs = None  # drop old graphs (and their memory) before capturing new ones
         self.decode_graphs = DecodeGraphs(
             lambda ids, pos, ctx: self.model(ids, pos, self.kv_caches, ctx),
-            max_batch_size=max_batch_size or self.max_num_seqs,
+            max_batch_size=max_batch_size or self.max_decode_rows,
             max_model_len=self.cfg.max_model_len,
             block_size=self.block_size,
             device=self.device,

@@ -110,7 +110,8 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     lora = _start_lora(spec, model, device)  # before the runner: its graphs record the LoRA ops
     runner = ModelRunner(
         model, stage_config(mc if tp is None else local_config(mc, tp), layers), num_blocks, cfg.block_size,
-        spec.dtype, device, cfg.seed, max_num_seqs=cfg.max_num_seqs, enforce_eager=enforce_eager,
+        spec.dtype, device, cfg.seed, max_num_seqs=cfg.max_num_seqs, max_decode_rows=cfg.max_decode_rows,
+        enforce_eager=enforce_eager,
         lora=lora is not None,
     )
     runner.sampler, runner.samples = _NoSampling(), False  # type: ignore[assignment]

@@ -101,6 +101,31 @@ def test_verify_rows_read_the_cache_alike_on_every_decode_path(family_path, deco
     assert llm.llm_engine.stats().spec_decode.num_accepted_tokens > 0
 
 
+def test_verify_steps_run_on_the_cpu_step_graphs(family_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verify step holds a row per proposal besides each sequence's own: the CPU step graphs take steps of up
+    to max_num_seqs × (1 + k) rows, so verify steps replay graphs instead of running eagerly."""
+    from folio.engine.cpu_graphs import CpuDecodeGraphs
+
+    path = family_path("llama")
+    prompts = repetitive_prompts(512, seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    want = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32", device="cpu").generate(prompts, params)]
+    llm = LLM(str(path), dtype="float32", device="cpu", max_num_seqs=2, speculative_config=NGRAM)
+    graphs = llm.llm_engine.runner.decode_graphs
+    assert isinstance(graphs, CpuDecodeGraphs) and graphs.max_batch_size == 2 * (1 + NGRAM["num_speculative_tokens"])
+    rows: list[int] = []
+    run = CpuDecodeGraphs.run
+
+    def counted(self: CpuDecodeGraphs, *step: torch.Tensor | None) -> torch.Tensor:
+        assert step[0] is not None
+        rows.append(step[0].shape[0])
+        return run(self, *step)
+
+    monkeypatch.setattr(CpuDecodeGraphs, "run", counted)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert max(rows) > 2, rows  # verify steps of more rows than sequences went through the graphs
+
+
 def test_logprobs_and_stop_strings_as_without_speculation(family_path) -> None:
     path = family_path("llama")
     prompts = repetitive_prompts(512, seed=1)

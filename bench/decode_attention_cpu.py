@@ -24,6 +24,12 @@ With ``--against REV`` it compares the shipped kernel with the one at git revisi
 kernels/csrc, built the same way), float32 and bfloat16, 8, 16 and 64 sequences, on ``--cores``.
 
     .venv/bin/python bench/decode_attention_cpu.py --against 4f45751 [--cores 1] [--rounds 3]
+
+``--verify-rows N`` lays each sequence out as a verify step does (speculative decoding): N consecutive rows
+over its one block table, its last N positions, so that 8 sequences make 8 × N rows (GB/s counts each
+sequence's K/V once).
+
+    .venv/bin/python bench/decode_attention_cpu.py --against e604873 --verify-rows 9 [--cores 0,1]
 """
 
 from __future__ import annotations
@@ -64,8 +70,9 @@ def build(out_dir: Path, variants: dict[str, list[str]], source: Path = SOURCE) 
 
 
 def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: int = 1,
-            context: tuple[int, int] = (100, 300)) -> dict:  # fmt: skip
-    """ms per layer call of the variant at ``so`` over ``batch`` sequences (run in a process of its own)."""
+            context: tuple[int, int] = (100, 300), rows: int = 1) -> dict:  # fmt: skip
+    """ms per layer call of the variant at ``so`` over ``batch`` sequences of ``rows`` rows each (run in a
+    process of its own)."""
     import torch
     from _revisions import load_extension
 
@@ -84,6 +91,11 @@ def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: 
     lens = torch.randint(context[0], context[1] + 1, (batch,), generator=g, dtype=torch.int32)
     per_seq = context[1] // BLOCK + 1
     tables = torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq).to(torch.int32)
+    read = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * torch.finfo(dtype).bits // 8
+    if rows > 1:  # each sequence's last `rows` positions, consecutive rows over its table
+        tables = tables.repeat_interleave(rows, 0).contiguous()
+        lens = (lens[:, None] - rows + 1 + torch.arange(rows, dtype=torch.int32)).flatten().contiguous()
+        batch *= rows
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).to(dtype)
     out = torch.empty_like(q)
     code = {torch.float32: 0, torch.bfloat16: 1}[dtype]
@@ -100,14 +112,13 @@ def measure(so: Path, dtype_name: str, calls: int, batch: int = BATCH, threads: 
     for i in range(calls):
         call(*caches[i % LAYERS])
     seconds = (time.perf_counter() - start) / calls
-    read = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * q.element_size()
     return {"ms": seconds * 1e3, "gb_s": read / seconds / 1e9, "simd": kernel.simd()}
 
 
 def run_variant(so: Path, dtype: str, calls: int, cores: str, batch: int = BATCH, threads: int = 1,
-                context: str = "100-300") -> dict:  # fmt: skip
+                context: str = "100-300", rows: int = 1) -> dict:  # fmt: skip
     cmd = ["taskset", "-c", cores, sys.executable, __file__, "--measure", str(so), dtype, "--calls", str(calls),
-           "--batch", str(batch), "--threads", str(threads), "--context", context]  # fmt: skip
+           "--batch", str(batch), "--threads", str(threads), "--context", context, "--verify-rows", str(rows)]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(next(x for x in out.splitlines() if x.startswith(RESULT))[len(RESULT) :])
@@ -164,12 +175,14 @@ def against(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = kernel_sources_at(args.against, Path(tmp) / "old")
         built = {**build(Path(tmp), {args.against: []}, old / SOURCE.name), **build(Path(tmp), {"shipped": []})}
-        print(f"{threads} thread(s) on cores {args.cores}, contexts of {args.context} tokens, best of {args.rounds}: "
+        rows = args.verify_rows
+        print(f"{threads} thread(s) on cores {args.cores}, contexts of {args.context} tokens"
+              f"{f', {rows} verify rows each' if rows > 1 else ''}, best of {args.rounds}: "
               f"ms per layer call (GB/s) of the kernel at {args.against} and the shipped one")  # fmt: skip
         for dtype in ("float32", "bfloat16"):
-            for batch in (8, 16, 64):
+            for batch in (1, 8, 16) if rows > 1 else (8, 16, 64):
                 best = best_of(args.rounds, built, dtype=dtype, calls=args.calls, cores=args.cores, batch=batch,
-                               threads=threads, context=args.context)  # fmt: skip
+                               threads=threads, context=args.context, rows=rows)  # fmt: skip
                 a, b = best[args.against], best["shipped"]
                 print(f"{dtype:>9} {batch:>3} sequences: {a['ms']:6.3f} ({a['gb_s']:4.1f}) -> {b['ms']:6.3f} "
                       f"({b['gb_s']:4.1f})  {a['ms'] / b['ms']:.2f}x", flush=True)  # fmt: skip
@@ -187,10 +200,12 @@ def main() -> int:
     parser.add_argument("--measure", nargs=2, metavar=("SO", "DTYPE"), help=argparse.SUPPRESS)  # internal
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--verify-rows", type=int, default=1, help="--against: rows a sequence (see above)")
     args = parser.parse_args()
     if args.measure:
         lo, hi = (int(x) for x in args.context.split("-"))
-        r = measure(Path(args.measure[0]), args.measure[1], args.calls, args.batch, args.threads, (lo, hi))
+        r = measure(Path(args.measure[0]), args.measure[1], args.calls, args.batch, args.threads, (lo, hi),
+                    args.verify_rows)
         print(RESULT + json.dumps(r), flush=True)
     elif args.split:
         split(args)

@@ -64,8 +64,9 @@ class StepHandle:
 @dataclass
 class StepInputs:
     """One step's tokens laid out as the attention context expects (`folio.engine.layers.context`): the
-    prefill chunks, then the decodes by ascending context length (so length buckets are row ranges), a verify
-    step's positions among them as `DraftRow`s."""
+    prefill chunks, then the decodes by ascending context length (so length buckets are row ranges of similar
+    lengths), a verifying sequence's positions as consecutive `DraftRow`s in its place (rows of one context,
+    which the native kernel reads once for all of them)."""
 
     ordered: list[Row]
     num_prefill_tokens: int
@@ -99,12 +100,13 @@ def prepare_inputs(
     """The step's flat token batch, shared by the eager and the CUDA-graph paths; with ``lora`` (the engine
     serves adapters), each token's adapter slot where the step has an adapter token."""
     prefills = [s for s in batch if s.num_tokens > 1 and not s.draft]
-    decodes: list[Row] = [s for s in batch if s.num_tokens == 1]
+    units: list[list[Row]] = [[s] for s in batch if s.num_tokens == 1]
     for s in batch:
         if s.draft:
             first = s.seq.num_computed_tokens
-            decodes += [DraftRow(s, first + j, t) for j, t in enumerate([s.seq.token_ids[first], *s.draft])]
-    decodes.sort(key=lambda r: r.start)
+            units.append([DraftRow(s, first + j, t) for j, t in enumerate([s.seq.token_ids[first], *s.draft])])
+    units.sort(key=lambda rows: rows[0].start)  # a verifying sequence's rows together: the kernel reads one context
+    decodes = [row for rows in units for row in rows]
     inputs = StepInputs([*prefills, *decodes], num_prefill_tokens=sum(s.num_tokens for s in prefills))
     bs = block_size
     verify_rows: dict[int, list[int]] = {}  # a verifying item's rows, by id, in the order of its positions
@@ -356,7 +358,7 @@ class ModelRunner:
         bounds = [len(decodes) * i // num_buckets for i in range(num_buckets + 1)]
         most = 0
         for lo, hi in itertools.pairwise(bounds):
-            width = -(-lens[hi - 1] // bs)  # the longest of the bucket (lens ascend)
+            width = -(-max(lens[lo:hi]) // bs)  # the longest of the bucket
             flat: list[int] = []
             for s in decodes[lo:hi]:
                 table = s.seq.block_table[:width]

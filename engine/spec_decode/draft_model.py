@@ -51,6 +51,8 @@ class DraftModel:
     """The draft's weights (`load`), then its runner and cache (`start`), and the shadows of the sequences it
     proposes for."""
 
+    cheap = False  # K forward passes of its own: it proposes only what a step's budget takes
+
     def __init__(self, path: str, model: Any, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                  vocab_size: int) -> None:  # fmt: skip
         self.path, self.model, self.cfg = path, model, cfg

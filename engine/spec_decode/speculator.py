@@ -118,6 +118,11 @@ class StepCosts:
 
 
 class Proposer(Protocol):
+    # Proposing costs a lookup, not a forward pass: a step asks for all that its sequences want and shares its
+    # budget among the proposals there are (a sequence with no match leaves its rows to the others), rather
+    # than sharing it among the wants before proposing
+    cheap: bool
+
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """Up to ``ks[i]`` tokens to verify after ``seqs[i]``'s last ([] where it has none)."""
         ...
@@ -127,6 +132,8 @@ class Proposer(Protocol):
 
 class PromptLookup:
     """The ``ngram`` method's proposer over sequences (`NgramProposer` looks up one context)."""
+
+    cheap = True
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.ngram = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
@@ -188,21 +195,16 @@ class Speculator:
         ``budget`` tokens in all; `draft` hands them out."""
         self._planned.clear()
         wants = [(seq, k) for seq in seqs if (k := self._wanted(seq)) > 0]
-        ks = [0] * len(wants)
-        for position in range(self.k):  # the budget goes round: first proposals first (kept most often)
-            for i, (_, k) in enumerate(wants):
-                if budget > 0 and k > position:
-                    ks[i] += 1
-                    budget -= 1
-        wanted = [(seq, k) for (seq, _), k in zip(wants, ks, strict=True) if k > 0]
-        if not wanted:
+        if not self.proposer.cheap:  # a draft model proposes only what the budget takes
+            wants = [(seq, k) for (seq, _), k in zip(wants, share([k for _, k in wants], budget), strict=True) if k]
+        if not wants:
             return
         started = time.perf_counter()
-        proposals = self.proposer.propose([seq for seq, _ in wanted], [k for _, k in wanted])
+        proposals = self.proposer.propose([seq for seq, _ in wants], [k for _, k in wants])
         self.proposing_seconds = 0.8 * self.proposing_seconds + 0.2 * (time.perf_counter() - started)
-        for (seq, _), proposed in zip(wanted, proposals, strict=True):
-            if proposed:
-                self._planned[id(seq)] = proposed
+        for (seq, _), proposed, k in zip(wants, proposals, share([len(p) for p in proposals], budget), strict=True):
+            if k:
+                self._planned[id(seq)] = proposed[:k]
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         """The tokens `plan` proposed after ``seq``'s last one, at most ``room``."""
@@ -246,6 +248,18 @@ class Speculator:
         self._records.pop(id(seq), None)
         self._planned.pop(id(seq), None)
         self.proposer.forget(seq)
+
+
+def share(lengths: list[int], budget: int) -> list[int]:
+    """How many of each of ``lengths`` proposals a step verifies, ``budget`` in all: the budget goes round a
+    position at a time (every sequence's first proposal, kept most often, then the second ones, ...)."""
+    ks = [0] * len(lengths)
+    for position in range(max(lengths, default=0)):
+        for i, n in enumerate(lengths):
+            if budget > 0 and n > position:
+                ks[i] += 1
+                budget -= 1
+    return ks
 
 
 def _may_speculate(seq: Sequence) -> bool:

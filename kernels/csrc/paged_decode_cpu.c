@@ -17,6 +17,13 @@
  * softmaxes after (flash-decoding): one long chat no longer decodes on one core. The GIL is released while it runs.
  * Single-core speed is bounded by memory: K/V are read once, nothing is written but the output.
  *
+ * A verify step (speculative decoding) lays a sequence's positions out as consecutive rows over one block
+ * table, each a token longer than the one before. The vector path attends to such rows as one bundle
+ * (bundle_rows): page by page, every row scores the page while it is in L1, so the context comes from memory
+ * once for all of them rather than once a row; each row still reads only its own keys, with the same sums as
+ * alone. With fewer bundles than threads (one client speculating) a bundle's rows are cut into pieces, a
+ * thread each, instead of splitting its context.
+ *
  * No torch headers: the Python wrapper (folio.kernels.decode_attention_cpu) checks shapes, dtypes and
  * strides and passes data pointers, so this builds as a plain C extension in a second.
  */
@@ -41,15 +48,18 @@ typedef struct {
     float scale;
     int dtype;
     int64_t window; /* 0: full attention */
+    /* bundle g: rows [bundle_start[g], bundle_start[g + 1]), which share one context (bundle_rows) */
+    const int64_t *bundle_start;
+    int64_t max_bundle_rows;
 } Problem;
 
 typedef struct {
     const Problem *p;
-    int64_t first, last; /* sequences [first, last) */
+    int64_t first, last; /* bundles [first, last) on the vector path, rows on the portable one */
     int64_t max_len;
     int failed; /* FAIL_* */
-    /* one part of a split context (first + 1 == last): keys [lo, end) of sequence `first`, its results into
-     * `partial` (each head's maximum, exp-sum, unnormalized values: PART_FLOATS); NULL: whole sequences */
+    /* one part of a split context (first + 1 == last): keys [lo, end) of bundle `first`, its results into
+     * `partial` (per row, each head's maximum, exp-sum, unnormalized values: PART_FLOATS); NULL: whole ones */
     int64_t lo, end;
     float *partial;
 } Work;
@@ -89,6 +99,17 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
 static inline int64_t first_key(const Problem *p, int64_t end) {
     return p->window > 0 && end > p->window ? end - p->window : 0;
 }
+
+/* The keys of [lo, end) that row b attends to: none past its own context, none before its window. */
+static inline void row_keys(const Problem *p, int64_t b, int64_t lo, int64_t end, int64_t *row_lo,
+                            int64_t *row_end) {
+    const int64_t len = p->context_lens[b], first = first_key(p, len);
+    *row_lo = first > lo ? first : lo;
+    *row_end = len < end ? len : end;
+}
+
+/* A part's results for one row: each head's score maximum and exp-sum, then its unnormalized weighted values. */
+#define PART_FLOATS(p) (2 * (p)->heads + (p)->heads * (p)->head_dim)
 
 /* One sequence. Inlined into per-head_dim entry points below, so that common sizes get fully unrolled loops. */
 static inline __attribute__((always_inline)) int attend_seq(const Problem *p, int64_t b, const int64_t dim,
@@ -229,7 +250,8 @@ static inline int64_t heads_in_walk(int64_t h0, int64_t group, int64_t per) {
     return left < per ? left : per;
 }
 
-typedef int (*attend_vec_fn)(const Problem *, int64_t, int64_t, int64_t, float *, float *, Ahead *, float *);
+typedef int (*attend_vec_fn)(const Problem *, int64_t, int64_t, int64_t, int64_t, float *, float *, Ahead *,
+                             float *);
 
 #define FOLIO_SIMD 512
 #include "cpu_simd.h"
@@ -248,57 +270,95 @@ static attend_vec_fn pick_vector(const Problem *p) {
 }
 #endif
 
-/* The keys [lo, end) a share reads of sequence b: its part of a split context, or all of them. */
-static inline void keys_of(const Work *w, int64_t b, int64_t *lo, int64_t *end) {
+/* The keys [lo, end) a share reads of bundle g: its part of a split context, or all of them (the bundle's rows
+ * ascend in length: its first row's window starts first, its last row's context ends last). */
+static inline void keys_of(const Work *w, int64_t g, int64_t *lo, int64_t *end) {
     if (w->partial) {
         *lo = w->lo, *end = w->end;
         return;
     }
-    *end = w->p->context_lens[b];
-    *lo = first_key(w->p, *end);
+    const Problem *p = w->p;
+    *end = p->context_lens[p->bundle_start[g + 1] - 1];
+    *lo = first_key(p, p->context_lens[p->bundle_start[g]]);
+}
+
+/* A thread's scratch memory, kept from call to call (freed when the thread exits): the scores of a bundle of
+ * verify rows pass glibc's mmap threshold, and memory mapped afresh for every layer of every step faults in
+ * page by page. */
+typedef struct {
+    float *data;
+    size_t floats;
+} Scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg) {
+    Scratch *s = (Scratch *)arg;
+    free(s->data);
+    free(s);
+}
+static void scratch_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
+
+static float *scratch(size_t floats) {
+    (void)pthread_once(&scratch_once, scratch_init);
+    Scratch *s = (Scratch *)pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof(Scratch)))) return NULL;
+        if (pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->floats < floats) {
+        free(s->data);
+        s->data = malloc(sizeof(float) * floats);
+        s->floats = s->data ? floats : 0;
+    }
+    return s->data;
 }
 
 static void *run_work(void *arg) {
     Work *w = (Work *)arg;
     const Problem *p = w->p;
-    /* scores [heads, max_len], acc [heads, dim], scaled q [heads, dim], one widened row [dim] */
-    const size_t floats = (size_t)p->heads * ((size_t)w->max_len + 2 * (size_t)p->head_dim) + p->head_dim;
-    float *buf = malloc(sizeof(float) * (floats ? floats : 1));
+    /* scores [rows, heads, max_len], acc [heads, dim], scaled q or norms [max(dim, rows), heads], one widened
+     * row [dim] */
+    const size_t rows = (size_t)p->max_bundle_rows, dim = (size_t)p->head_dim;
+    const size_t floats = (size_t)p->heads * (rows * (size_t)w->max_len + dim + (dim > rows ? dim : rows)) + dim;
+    float *buf = scratch(floats ? floats : 1);
     if (!buf) {
         w->failed = FAIL_MEMORY;
         return NULL;
     }
-    float *scores = buf, *acc = scores + p->heads * w->max_len, *qs = acc + p->heads * p->head_dim;
-    float *tmp = qs + p->heads * p->head_dim;
+    float *scores = buf, *acc = scores + rows * p->heads * w->max_len, *qs = acc + p->heads * p->head_dim;
+    float *tmp = qs + p->heads * (dim > rows ? dim : rows);
 #ifdef HAVE_VECTOR_PATH
     const attend_vec_fn fast = pick_vector(p);
     if (fast) {
         const int64_t elem = p->dtype == DTYPE_BF16 ? 2 : 4;
+        const int64_t *starts = p->bundle_start;
         Ahead next;
-        for (int64_t b = w->first; b < w->last && !w->failed; ++b) {
+        for (int64_t g = w->first; g < w->last && !w->failed; ++g) {
             int64_t lo, end;
-            keys_of(w, b, &lo, &end);
-            if (b == w->first) { /* nothing ran before the first: its own rows are asked for at once */
-                ahead_start(&next, p, b, lo, end, elem);
+            keys_of(w, g, &lo, &end);
+            if (g == w->first) { /* nothing ran before the first: its own rows are asked for at once */
+                ahead_start(&next, p, starts[g], lo, end, elem);
                 ahead_upto(&next, next.bytes);
             }
-            if (b + 1 < w->last) {
+            if (g + 1 < w->last) {
                 int64_t next_lo, next_end;
-                keys_of(w, b + 1, &next_lo, &next_end);
-                ahead_start(&next, p, b + 1, next_lo, next_end, elem);
+                keys_of(w, g + 1, &next_lo, &next_end);
+                ahead_start(&next, p, starts[g + 1], next_lo, next_end, elem);
             } else {
                 next.bytes = next.issued = 0;
             }
-            w->failed = fast(p, b, lo, end, scores, qs, &next, w->partial);
+            w->failed = fast(p, starts[g], starts[g + 1] - starts[g], lo, end, scores, qs, &next, w->partial);
         }
-        free(buf);
         return NULL;
     }
 #endif
     int (*attend)(const Problem *, int64_t, float *, float *, float *, float *) =
         p->head_dim == 64 ? attend_64 : p->head_dim == 128 ? attend_128 : attend_any;
     for (int64_t b = w->first; b < w->last && !w->failed; ++b) w->failed = attend(p, b, scores, acc, qs, tmp);
-    free(buf);
     return NULL;
 }
 
@@ -309,13 +369,10 @@ static void *run_work(void *arg) {
 #define MIN_PAIRS_PER_THREAD 1024
 #endif
 
-/* A part's results: each head's score maximum and exp-sum, then its unnormalized weighted values. */
-#define PART_FLOATS(p) (2 * (p)->heads + (p)->heads * (p)->head_dim)
-
-/* Sequence b's output from its `parts` parts (flash-decoding's merge): each part's values and exp-sum
- * rescaled from its own maximum to the overall one, summed, then normalized once. */
-static void merge_parts(const Problem *p, int64_t b, const float *partial, int64_t parts) {
-    const int64_t heads = p->heads, dim = p->head_dim, stride = PART_FLOATS(p);
+/* Row b's output from its `parts` parts, `stride` floats apart (flash-decoding's merge): each part's values
+ * and exp-sum rescaled from its own maximum to the overall one, summed, then normalized once. */
+static void merge_parts(const Problem *p, int64_t b, const float *partial, int64_t parts, int64_t stride) {
+    const int64_t heads = p->heads, dim = p->head_dim;
     for (int64_t h = 0; h < heads; ++h) {
         float m = -INFINITY, sum = 0.0f, scale[MAX_THREADS];
         for (int64_t i = 0; i < parts; ++i) m = fmaxf(m, partial[i * stride + h]);
@@ -323,84 +380,153 @@ static void merge_parts(const Problem *p, int64_t b, const float *partial, int64
             scale[i] = expf(partial[i * stride + h] - m);
             sum += scale[i] * partial[i * stride + heads + h];
         }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f; /* an empty context gives zeros */
+        float x[256] = {0}; /* head_dim <= 256: parts run on the vector path only */
+        for (int64_t i = 0; i < parts; ++i) { /* part by part, so that the sums over dim vectorize */
+            const float s = scale[i] * inv, *values = partial + i * stride + 2 * heads + h * dim;
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) x[d] += s * values[d];
+        }
         const int64_t o = b * p->out_stride_b + h * p->out_stride_h;
         for (int64_t d = 0; d < dim; ++d) {
-            float x = 0.0f;
-            for (int64_t i = 0; i < parts; ++i) x += scale[i] * partial[i * stride + 2 * heads + h * dim + d];
-            x /= sum;
-            if (p->dtype == DTYPE_F32) ((float *)p->out)[o + d] = x;
-            else ((uint16_t *)p->out)[o + d] = f32_to_bf16(x);
+            if (p->dtype == DTYPE_F32) ((float *)p->out)[o + d] = x[d];
+            else ((uint16_t *)p->out)[o + d] = f32_to_bf16(x[d]);
         }
     }
 }
 
-/* At most half as many sequences as threads: each context in `parts` runs of keys, a thread each, merged after.
- * Only on the vector path, for contexts long enough that each part is worth a thread. */
-static int run_split(const Problem *p, int64_t batch, int threads) {
-    int64_t parts = threads / batch, max_part = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t len = p->context_lens[b] - first_key(p, p->context_lens[b]);
-        const int64_t useful = len * p->heads / MIN_PAIRS_PER_THREAD;
+/* At most half as many bundles as threads: each context in `parts` runs of keys, a thread each, merged after.
+ * Only on the vector path, for contexts long enough that each part is worth a thread. A bundle's part holds
+ * each of its rows' results in turn; row b's results of its parts lie `rows` results apart. */
+static int run_split(const Problem *p, int64_t bundles, int64_t batch, int threads) {
+    const int64_t *starts = p->bundle_start, floats = PART_FLOATS(p);
+    int64_t parts = threads / bundles, max_part = 0;
+    for (int64_t g = 0; g < bundles; ++g) {
+        const int64_t len = p->context_lens[starts[g + 1] - 1] - first_key(p, p->context_lens[starts[g]]);
+        const int64_t useful = len * p->heads * (starts[g + 1] - starts[g]) / MIN_PAIRS_PER_THREAD;
         parts = useful < parts ? useful : parts;
     }
-    if (parts < 2) return -1; /* not worth it: the caller runs whole sequences */
-    float *partial = malloc(sizeof(float) * (size_t)(batch * parts * PART_FLOATS(p)));
+    if (parts < 2) return -1; /* not worth it: the caller runs whole bundles */
+    float *partial = malloc(sizeof(float) * (size_t)(batch * parts * floats));
     if (!partial) return FAIL_MEMORY;
     Work work[MAX_THREADS];
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t end = p->context_lens[b], lo = first_key(p, end), len = end - lo;
+    for (int64_t g = 0; g < bundles; ++g) {
+        const int64_t rows = starts[g + 1] - starts[g], lo = first_key(p, p->context_lens[starts[g]]);
+        const int64_t len = p->context_lens[starts[g + 1] - 1] - lo;
         for (int64_t i = 0; i < parts; ++i) {
             const int64_t from = lo + len * i / parts, to = lo + len * (i + 1) / parts;
             max_part = to - from > max_part ? to - from : max_part;
-            work[b * parts + i] = (Work){p, b, b + 1, 0, FAIL_NONE, from, to,
-                                         partial + (b * parts + i) * PART_FLOATS(p)};
+            work[g * parts + i] = (Work){p, g, g + 1, 0, FAIL_NONE, from, to,
+                                         partial + (starts[g] * parts + i * rows) * floats};
         }
     }
-    for (int64_t i = 0; i < batch * parts; ++i) work[i].max_len = max_part;
-    run_shares(run_work, work, sizeof(Work), (int)(batch * parts));
+    for (int64_t i = 0; i < bundles * parts; ++i) work[i].max_len = max_part;
+    run_shares(run_work, work, sizeof(Work), (int)(bundles * parts));
     int failed = FAIL_NONE;
-    for (int64_t i = 0; i < batch * parts && !failed; ++i) failed = work[i].failed;
-    if (!failed)
-        for (int64_t b = 0; b < batch; ++b) merge_parts(p, b, partial + b * parts * PART_FLOATS(p), parts);
+    for (int64_t i = 0; i < bundles * parts && !failed; ++i) failed = work[i].failed;
+    for (int64_t g = 0; g < bundles && !failed; ++g) {
+        const int64_t rows = starts[g + 1] - starts[g];
+        for (int64_t r = 0; r < rows; ++r)
+            merge_parts(p, starts[g] + r, partial + (starts[g] * parts + r) * floats, parts, rows * floats);
+    }
     free(partial);
     return failed;
 }
 
-static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
+/* Rows the vector path attends to as one bundle: they read one context, so each page is loaded once for all of
+ * them. A verify step lays a sequence's positions out as consecutive rows of ascending length over one block
+ * table. Row b joins the bundle that row `first` opened when its context is at least as long and its blocks
+ * are the same as `first`'s as far as its context reaches (then `first`'s table covers the whole bundle, and
+ * each row reads its own tokens). */
+#define MAX_BUNDLE_ROWS 32
+static int bundle_rows(const Problem *p, int64_t first, int64_t b) {
+    const int64_t len = p->context_lens[b];
+    if (b - first >= MAX_BUNDLE_ROWS || len < p->context_lens[b - 1] || p->context_lens[first] == 0) return 0;
+    const int32_t *a = p->block_tables + first * p->table_stride, *t = p->block_tables + b * p->table_stride;
+    return memcmp(a, t, sizeof(int32_t) * (size_t)((len + p->block_size - 1) / p->block_size)) == 0;
+}
+
+static int run_bundles(const Problem *p, int64_t bundles, int64_t batch, int threads) {
+    const int64_t *starts = p->bundle_start;
     int64_t total = 0, max_len = 0;
-    for (int64_t b = 0; b < batch; ++b) /* a longer context would read past its block table */
-        if (p->context_lens[b] < 0 || p->context_lens[b] > capacity) return FAIL_LENGTH;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t len = p->context_lens[b] - first_key(p, p->context_lens[b]); /* keys it reads */
-        total += len;
+    for (int64_t g = 0; g < bundles; ++g) {
+        const int64_t len = p->context_lens[starts[g + 1] - 1] - first_key(p, p->context_lens[starts[g]]);
         max_len = len > max_len ? len : max_len;
+        for (int64_t b = starts[g]; b < starts[g + 1]; ++b) /* keys it reads */
+            total += p->context_lens[b] - first_key(p, p->context_lens[b]);
     }
     if (threads > MAX_THREADS) threads = MAX_THREADS;
 #if defined(HAVE_VECTOR_PATH) && !defined(FOLIO_NO_CONTEXT_SPLIT) /* the switch: bench/decode_attention_cpu.py */
-    if (batch > 0 && 2 * batch <= threads && pick_vector(p)) {
-        const int rc = run_split(p, batch, threads);
+    if (bundles > 0 && 2 * bundles <= threads && pick_vector(p)) {
+        const int rc = run_split(p, bundles, batch, threads);
         if (rc >= 0) return rc;
     }
 #endif
     int64_t useful = total * p->heads / MIN_PAIRS_PER_THREAD;
     if (threads > useful) threads = useful > 1 ? (int)useful : 1;
-    if (threads > batch) threads = (int)(batch > 0 ? batch : 1);
+    if (threads > bundles) threads = (int)(bundles > 0 ? bundles : 1);
 
     Work work[MAX_THREADS];
-    int64_t b = 0, seen = 0;
+    int64_t g = 0, seen = 0;
     for (int i = 0; i < threads; ++i) { /* contiguous ranges of about equal total context */
-        work[i] = (Work){p, b, b, max_len, FAIL_NONE, 0, 0, NULL};
+        work[i] = (Work){p, g, g, max_len, FAIL_NONE, 0, 0, NULL};
         const int64_t goal = total * (i + 1) / threads;
-        while (b < batch && (i == threads - 1 || seen < goal)) {
-            seen += p->context_lens[b] - first_key(p, p->context_lens[b]);
-            ++b;
+        while (g < bundles) { /* a bundle goes where most of it falls */
+            int64_t keys = 0;
+            for (int64_t b = starts[g]; b < starts[g + 1]; ++b)
+                keys += p->context_lens[b] - first_key(p, p->context_lens[b]);
+            if (i < threads - 1 && g > work[i].first && 2 * seen + keys > 2 * goal) break;
+            seen += keys;
+            ++g;
         }
-        work[i].last = b;
+        work[i].last = g;
     }
     run_shares(run_work, work, sizeof(Work), threads);
     int failed = FAIL_NONE;
     for (int i = 0; i < threads && !failed; ++i) failed = work[i].failed;
     return failed;
+}
+
+static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
+    for (int64_t b = 0; b < batch; ++b) /* a longer context would read past its block table */
+        if (p->context_lens[b] < 0 || p->context_lens[b] > capacity) return FAIL_LENGTH;
+    int64_t *starts = malloc(sizeof(int64_t) * (size_t)(batch + 1));
+    if (!starts) return FAIL_MEMORY;
+    int bundled = 0; /* only the vector path reads a bundle's pages once; the portable one goes row by row */
+#ifdef HAVE_VECTOR_PATH
+    bundled = pick_vector(p) != NULL;
+#endif
+    Problem bundles = *p;
+    int64_t count = 0;
+    for (int64_t b = 0; b < batch; ++b)
+        if (!bundled || b == 0 || !bundle_rows(p, starts[count - 1], b)) starts[count++] = b;
+    starts[count] = batch;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (count > 0 && 2 * count <= threads && count < batch) {
+        /* fewer bundles than threads (one client speculating): each bundle's rows in as many pieces, a thread
+         * each, every piece reading the context once (a split context would merge each row's parts after) */
+        int64_t *cut = malloc(sizeof(int64_t) * (size_t)(batch + 1)), pieces = 0;
+        if (!cut) {
+            free(starts);
+            return FAIL_MEMORY;
+        }
+        const int64_t share = threads / count;
+        for (int64_t g = 0; g < count; ++g) {
+            const int64_t rows = starts[g + 1] - starts[g], n = rows < share ? rows : share;
+            for (int64_t i = 0; i < n; ++i) cut[pieces++] = starts[g] + rows * i / n;
+        }
+        cut[pieces] = batch;
+        free(starts);
+        starts = cut, count = pieces;
+    }
+    for (int64_t g = 0; g < count; ++g) {
+        const int64_t rows = starts[g + 1] - starts[g];
+        bundles.max_bundle_rows = rows > bundles.max_bundle_rows ? rows : bundles.max_bundle_rows;
+    }
+    bundles.bundle_start = starts;
+    const int rc = run_bundles(&bundles, count, batch, threads);
+    free(starts);
+    return rc;
 }
 
 static PyObject *paged_decode(PyObject *self, PyObject *args) {
@@ -423,6 +549,7 @@ static PyObject *paged_decode(PyObject *self, PyObject *args) {
         (const void *)(uintptr_t)q, (const void *)(uintptr_t)k_cache, (const void *)(uintptr_t)v_cache,
         (const int32_t *)(uintptr_t)tables, (const int32_t *)(uintptr_t)lens, (void *)(uintptr_t)out,
         heads, kv_heads, head_dim, block_size, table_stride, num_blocks, qsb, qsh, osb, osh, scale, dtype, window,
+        NULL, 1,
     };
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = run(&p, batch, threads < 1 ? 1 : threads, capacity);

@@ -53,7 +53,8 @@ def test_a_decode_only_step_is_the_graph_paths_input() -> None:
 
 def test_a_verify_steps_positions_are_decode_rows_among_the_others() -> None:
     """A sequence verifying 2 proposals: its last token and each proposal a decode row of its own (context
-    up to and including it), sorted with the other decodes by position; its logit rows in position order."""
+    up to and including it), consecutive (the native kernel reads their context once), placed among the
+    other decodes by its first position; its logit rows in position order."""
     from folio.engine.model_runner import DraftRow
 
     verifying = ScheduledSeq(seq(6, 5, [3, 9]), 3, [7, 8])  # positions 5, 6, 7
@@ -61,8 +62,13 @@ def test_a_verify_steps_positions_are_decode_rows_among_the_others() -> None:
     inputs = prepare_inputs([verifying, other], BS, CPU)
     assert inputs.prefills == [] and inputs.sampling == [verifying, other]
     assert [(type(r).__name__, r.start) for r in inputs.ordered] == [
-        ("DraftRow", 5), ("ScheduledSeq", 6), ("DraftRow", 6), ("DraftRow", 7)]
+        ("DraftRow", 5), ("DraftRow", 6), ("DraftRow", 7), ("ScheduledSeq", 6)]
     assert all(r.item is verifying for r in inputs.ordered if isinstance(r, DraftRow))
-    assert inputs.input_ids == [105, 106, 7, 8] and inputs.positions == [5, 6, 6, 7]
-    assert inputs.slots == [37, 6, 38, 39] and inputs.context_lens == [6, 7, 7, 8]
-    assert inputs.logit_rows == [0, 2, 3, 1] and not inputs.rows_in_order
+    assert inputs.input_ids == [105, 7, 8, 106] and inputs.positions == [5, 6, 7, 6]
+    assert inputs.slots == [37, 38, 39, 6] and inputs.context_lens == [6, 7, 8, 7]
+    assert inputs.logit_rows == [0, 1, 2, 3] and inputs.rows_in_order
+    # a decode before it keeps its place: rows go by each sequence's first position
+    early = ScheduledSeq(seq(3, 2, [5]), 1)  # position 2
+    inputs = prepare_inputs([verifying, other, early], BS, CPU)
+    assert [r.start for r in inputs.ordered] == [2, 5, 6, 7, 6] and inputs.sampling == [early, verifying, other]
+    assert inputs.logit_rows == [0, 1, 2, 3, 4]

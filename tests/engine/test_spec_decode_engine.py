@@ -17,7 +17,14 @@ from folio.engine.llm_engine import LLMEngine
 from folio.engine.sampling_params import SamplingParams as Params
 from folio.engine.sequence import Sequence
 from folio.engine.spec_decode.config import SpeculativeConfig
-from folio.engine.spec_decode.speculator import EXPLORE_EVERY, MIN_GAIN, MIN_KEPT, Speculator, StepCosts
+from folio.engine.spec_decode.speculator import (
+    EXPLORE_EVERY,
+    MIN_GAIN,
+    MIN_KEPT,
+    Speculator,
+    StepCosts,
+    share,
+)
 from tests.engine.test_families import FAMILIES
 from tests.support.models import make_tiny_llama
 
@@ -234,6 +241,41 @@ def test_proposals_stay_within_the_answer_the_room_and_the_step_budget() -> None
     first, second, third = _seq(tokens), _seq(tokens), _seq(tokens)
     spec.plan([first, second, third], 7)
     assert [len(spec.draft(first, 10)), len(spec.draft(second, 10)), len(spec.draft(third, 1))] == [3, 2, 1]
+
+
+def test_a_sequence_without_a_match_leaves_its_share_of_the_budget_to_the_others() -> None:
+    # Prompt lookup proposes first (a lookup costs nothing) and the budget goes round the proposals there are:
+    # the second sequence's context repeats nothing, so the first's second and third proposals get its rows.
+    spec = Speculator(SpeculativeConfig.parse(NGRAM))
+    first, novel, third = _seq([5, 6, 7, 8] * 4), _seq(list(range(100, 116))), _seq([9, 10, 11, 12] * 4)
+    spec.plan([first, novel, third], 5)
+    assert [len(spec.draft(s, 10)) for s in (first, novel, third)] == [3, 0, 2]
+    assert share([4, 0, 1, 3], 6) == [3, 0, 1, 2] and share([2, 2], 9) == [2, 2] and share([], 3) == []
+
+
+class _CountingDraft:
+    """A draft model's side of the protocol (not cheap): proposes what it is asked for, and counts it."""
+
+    cheap = False
+
+    def __init__(self) -> None:
+        self.asked: list[list[int]] = []
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        self.asked.append(ks)
+        return [[1] * k for k in ks]
+
+    def forget(self, seq: Sequence) -> None:
+        pass
+
+
+def test_a_draft_model_proposes_only_what_the_budget_takes() -> None:
+    draft = _CountingDraft()
+    spec = Speculator(SpeculativeConfig.parse(NGRAM), proposer=draft)
+    seqs = [_seq([5, 6, 7, 8] * 4) for _ in range(3)]
+    spec.plan(seqs, 5)
+    assert draft.asked == [[2, 2, 1]]  # its K steps run for these, not for the 4 each would take
+    assert [len(spec.draft(s, 10)) for s in seqs] == [2, 2, 1]
 
 
 def test_a_step_gets_the_proposals_that_give_it_the_most_tokens_per_second() -> None:

@@ -12,7 +12,7 @@ import torch
 from folio.kernels import decode_attention_cpu
 from folio.kernels.decode_attention import paged_decode_attention
 from tests.kernels.conftest import each_simd_width
-from tests.kernels.paged import TOL, make_paged_kv
+from tests.kernels.paged import TOL, PagedKV, make_paged_kv
 
 pytestmark = pytest.mark.skipif(not decode_attention_cpu.AVAILABLE, reason="the C extension was not built")
 simd_width = each_simd_width(decode_attention_cpu._cpu_attention, portable=True)
@@ -158,3 +158,89 @@ def test_exp_matches_torch_on_softmax_arguments() -> None:
     p = torch.softmax(scores.double(), 0)
     expected = (p * torch.arange(4099, dtype=torch.float64)).sum()
     assert out[0, 0, 1].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def verify_layout(kv: PagedKV, bundles: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables and lengths of verify-step rows: per (sequence, rows), that sequence's last ``rows``
+    positions as consecutive rows over its one block table, as the engine lays a verifying sequence out."""
+    tables, lens = [], []
+    for seq, rows in bundles:
+        end = int(kv.context_lens[seq])
+        for j in range(rows):
+            tables.append(kv.block_tables[seq])
+            lens.append(end - rows + 1 + j)
+    return torch.stack(tables).contiguous(), torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 100])
+def test_verify_rows_of_one_context_match_the_reference(dtype: torch.dtype, window: int | None) -> None:
+    # A verify step: each sequence's positions as consecutive rows sharing its block table (read once for
+    # all of them on the vector path), plain decode rows between them, a row of equal length beside its
+    # twin, and a sequence that shares its first pages with another (the prefix cache) but not its last.
+    kv = make_paged_kv([300, 41, 17, 900, 5, 333], 16, 3, 64, dtype, "cpu")
+    kv.block_tables[5, :2] = kv.block_tables[0, :2]
+    tables, lens = verify_layout(kv, [(0, 9), (1, 1), (2, 3), (4, 1), (3, 17), (5, 2), (0, 1), (0, 1), (5, 4)])
+    q = torch.randn(len(lens), 9, 64).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
+    expected = paged_decode_attention(*args, window=window, backend="reference")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got = paged_decode_attention(*args, window=window, backend="native")
+            torch.testing.assert_close(got, expected, **TOL[dtype])
+        torch.set_num_threads(1)
+        alone = torch.cat([paged_decode_attention(q[b : b + 1], kv.k_cache, kv.v_cache, tables[b : b + 1],
+                                                  lens[b : b + 1], 64**-0.5, window=window, backend="native")
+                           for b in range(len(lens))])
+        got = paged_decode_attention(*args, window=window, backend="native")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, alone)  # a row computes the same sums in a bundle as alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("end", "rows", "threads", "window"),
+                         [(900, 9, 2, None), (901, 17, 4, None), (700, 5, 3, 300), (60, 9, 2, None)])  # fmt: skip
+def test_one_verifying_sequence_splits_its_context_over_threads(
+    dtype: torch.dtype, end: int, rows: int, threads: int, window: int | None
+) -> None:
+    # One client speculating: a single bundle of rows, cut into pieces of rows, a thread each (with more threads
+    # than rows, single rows whose contexts split; the last case is too short to split).
+    kv = make_paged_kv([end], 16, 3, 64, dtype, "cpu")
+    tables, lens = verify_layout(kv, [(0, rows)])
+    q = torch.randn(rows, 9, 64).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = paged_decode_attention(*args, window=window, backend="native")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, paged_decode_attention(*args, window=window, backend="reference"), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pieces_of_a_bundle_split_their_contexts_where_threads_are_left(dtype: torch.dtype) -> None:
+    # 8 threads, 3 bundles: the 9 verify rows in two pieces of several rows, then 4 pieces for 8 threads, so
+    # each piece's context is split in two and every row of a piece merges its parts.
+    kv = make_paged_kv([900, 700, 800], 16, 3, 64, dtype, "cpu")
+    tables, lens = verify_layout(kv, [(0, 9), (1, 1), (2, 1)])
+    q = torch.randn(len(lens), 9, 64).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)
+        got = paged_decode_attention(*args, backend="native")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, paged_decode_attention(*args, backend="reference"), **TOL[dtype])
+
+
+def test_a_bad_block_id_in_a_verify_bundle_is_refused() -> None:
+    kv = make_paged_kv([200], 16, 3, 64, torch.float32, "cpu")
+    kv.block_tables[0, 5] = kv.k_cache.shape[0]
+    tables, lens = verify_layout(kv, [(0, 4)])
+    with pytest.raises(ValueError, match="block id outside"):
+        paged_decode_attention(torch.randn(4, 9, 64), kv.k_cache, kv.v_cache, tables, lens, 0.125, backend="native")

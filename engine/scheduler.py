@@ -186,9 +186,7 @@ class Scheduler:
         if self.speculator is None:
             return 0
         decoding = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
-        budget = min(self.speculator.step_budget(len(decoding)), self.max_num_batched_tokens - len(decoding))
-        self.speculator.plan(decoding, budget)
-        return budget
+        return self.speculator.plan(decoding, self.max_num_batched_tokens - len(decoding))
 
     def _draft(self, seq: Sequence, room: int) -> list[int]:
         return self.speculator.draft(seq, room) if self.speculator is not None and room > 0 else []

@@ -21,7 +21,10 @@ Proposing itself costs time too (a draft model runs K steps of its own): the ste
 the last proposals took (an average) as part of the longer step.
 
 The scheduler asks once per step (`plan`, for every decoding sequence together: a draft model proposes for
-all of them in one batch), then takes each sequence's proposals as it schedules it (`draft`). It also keeps
+all of them in one batch), then takes each sequence's proposals as it schedules it (`draft`). Prompt lookup
+proposes first (a lookup costs nothing), so the budget counts the rows there are at the positions they take
+(a sequence without a match leaves its rows to the others' later positions, which are kept less); a draft
+model proposes after, for the rows the budget takes. It also keeps
 the counters of vLLM's ``vllm:spec_decode_*`` metrics (`SpecDecodeStats`).
 """
 
@@ -163,48 +166,66 @@ class Speculator:
         self._planned: dict[int, list[int]] = {}  # this step's proposals, by id(sequence)
         self._short_steps = 0  # steps whose budget stopped short of all they could propose (`EXPLORE_EVERY`)
 
-    def step_budget(self, num_decodes: int) -> int:
-        """Proposed tokens a step of ``num_decodes`` decoding sequences verifies: as many as give it the most
-        tokens per second (see the module's docstring); all it could, where the costs of such steps are not
-        known yet (so that they get known)."""
-        most = self.k * num_decodes
+    def step_budget(self, num_decodes: int, lengths: list[int] | None = None) -> int:
+        """Proposed tokens a step of ``num_decodes`` decoding sequences verifies, of the proposals of
+        ``lengths`` (default: K for every sequence): as many as give it the most tokens per second (see the
+        module's docstring), each row counted at its position as `share` hands them out; all it could, where
+        the costs of such steps are not known yet (so that they get known)."""
+        if lengths is None:
+            lengths = [self.k] * num_decodes
+        positions = [p for p in range(max(lengths, default=0)) for n in lengths if n > p]  # `share`'s order
+        most = len(positions)
         base = self.costs.cost(num_decodes) if num_decodes else None
-        if base is None:
+        if base is None or not most:
             return most
         best, best_rate, expected = 0, num_decodes / base * (1 + MIN_GAIN), float(num_decodes)
         for extra in range(1, most + 1):
             cost = self.costs.cost(num_decodes + extra)
             if cost is None:
                 return most
-            expected += self.kept_at[(extra - 1) // num_decodes]  # the row's position, rows going round
+            expected += self.kept_at[positions[extra - 1]]
             rate = expected / (cost + self.proposing_seconds)
             if rate > best_rate:
                 best, best_rate = extra, rate
         if best < most:
             self._short_steps += 1
             if self._short_steps % EXPLORE_EVERY == 0:  # measure the next position's rows (see EXPLORE_EVERY)
-                return min(most, best + num_decodes)
+                return bisect.bisect_right(positions, positions[best])
         return best
 
     def step_ran(self, rows: int, seconds: float) -> None:
         """A decode step of ``rows`` single-token rows (verify positions included) took ``seconds``."""
         self.costs.record(rows, seconds)
 
-    def plan(self, seqs: list[Sequence], budget: int) -> None:
+    def plan(self, seqs: list[Sequence], limit: int) -> int:
         """This step's proposals for its decoding sequences ``seqs`` (in the order they are scheduled), at most
-        ``budget`` tokens in all; `draft` hands them out."""
+        ``limit`` tokens in all, as many as `step_budget` finds pay; `draft` hands them out. Returns their
+        number."""
         self._planned.clear()
         wants = [(seq, k) for seq in seqs if (k := self._wanted(seq)) > 0]
-        if not self.proposer.cheap:  # a draft model proposes only what the budget takes
-            wants = [(seq, k) for (seq, _), k in zip(wants, share([k for _, k in wants], budget), strict=True) if k]
         if not wants:
-            return
+            return 0
+        proposals: list[list[int]] | None = None
+        if self.proposer.cheap:  # what there is to verify, before the budget is shared
+            proposals = self._propose(wants)
+            lengths = [len(p) for p in proposals]
+        else:  # a draft model proposes only what the budget takes
+            lengths = [k for _, k in wants]
+        ks = share(lengths, min(limit, self.step_budget(len(seqs), lengths)))
+        if proposals is None:
+            wants = [(seq, k) for (seq, _), k in zip(wants, ks, strict=True) if k]
+            proposals = self._propose(wants) if wants else []
+            ks = [len(p) for p in proposals]
+        for (seq, _), proposed, k in zip(wants, proposals, ks, strict=True):
+            if k:
+                self._planned[id(seq)] = proposed[:k]
+        return sum(ks)
+
+    def _propose(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
         started = time.perf_counter()
         proposals = self.proposer.propose([seq for seq, _ in wants], [k for _, k in wants])
         self.proposing_seconds = 0.8 * self.proposing_seconds + 0.2 * (time.perf_counter() - started)
-        for (seq, _), proposed, k in zip(wants, proposals, share([len(p) for p in proposals], budget), strict=True):
-            if k:
-                self._planned[id(seq)] = proposed[:k]
+        return proposals
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         """The tokens `plan` proposed after ``seq``'s last one, at most ``room``."""

@@ -173,7 +173,7 @@ def test_sampling_keeps_the_targets_distribution(family_path, monkeypatch: pytes
     distribution (total variation of the two samples under 0.08, about 0.03 expected by chance alone; a
     sampler that kept every proposal, or drew corrections from the target itself, is several times further
     off)."""
-    monkeypatch.setattr(Speculator, "step_budget", lambda self, n: self.k * n)  # speculate in the whole batch
+    monkeypatch.setattr(Speculator, "step_budget", lambda self, n, lengths: sum(lengths))  # speculate in the whole batch
     path = family_path("llama")
     # the model's own greedy continuation as the prompt's end: what it samples next often occurred in it
     seed = repetitive_prompts(512)[0]
@@ -299,6 +299,11 @@ def test_a_step_gets_the_proposals_that_give_it_the_most_tokens_per_second() -> 
     # 8 rows: 15.2 tokens in 28 ms; 16: 20 in 36 ms (the best); 24: 22.4 in 44 ms; 32: 23.2 in 52 ms
     assert spec.step_budget(8) == 16
     assert spec.costs.cost(3) == pytest.approx(0.020) and spec.costs.cost(200) == pytest.approx(0.212)
+    # Only 2 of the 8 have proposals (the others' contexts repeat nothing): their rows sit at positions 0, 0,
+    # 1, 1, 2, 2, ...; two positions pay (11 tokens in 24 ms), a third (kept 30%) does not, where 8 sequences
+    # with proposals each took two positions above.
+    assert spec.step_budget(8, [4, 0, 0, 4, 0, 0, 0, 0]) == 4
+    assert spec.step_budget(8, [0] * 8) == 0 and spec.step_budget(8, [1, 1]) == 2
 
 
 def test_a_slow_sample_past_a_steps_size_does_not_keep_proposals_off_for_good() -> None:

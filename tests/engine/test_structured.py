@@ -330,7 +330,7 @@ def test_constrained_answers_speculate_and_are_the_same(tiny_llama: Path, backen
     constraints and repeat under a seed, and the matcher ends where the kept tokens put it."""
     from folio.engine.spec_decode.speculator import Speculator
 
-    monkeypatch.setattr(Speculator, "step_budget", lambda self, n: self.k * n)  # propose in every step
+    monkeypatch.setattr(Speculator, "step_budget", lambda self, n, lengths: sum(lengths))  # propose in every step
     engine = {"dtype": "float32", "max_model_len": 512, "structured_outputs_backend": backend}
     schema = SCHEMAS["arrays with bounds, numbers with bounds"]
     constraints = [StructuredOutputsParams(json=schema), StructuredOutputsParams(regex="(ab|cd|ef){6,12}"),

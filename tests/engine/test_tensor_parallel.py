@@ -290,7 +290,7 @@ def test_tp2_speculates_token_exact(tp_model, method: str, monkeypatch: pytest.M
     from folio.engine.spec_decode.speculator import Speculator
     from tests.engine.test_spec_decode_engine import repetitive_prompts
 
-    monkeypatch.setattr(Speculator, "step_budget", lambda self, n: self.k * n)  # (rank 0 plans every step)
+    monkeypatch.setattr(Speculator, "step_budget", lambda self, n, lengths: sum(lengths))  # (rank 0 plans every step)
     path = tp_model("kv2-tied")
     config = ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
               if method == "ngram" else

@@ -18,6 +18,16 @@ pytestmark = pytest.mark.skipif(not decode_attention_cpu.AVAILABLE, reason="the 
 simd_width = each_simd_width(decode_attention_cpu._cpu_attention, portable=True)
 
 
+def native_with_threads(threads: int, *args: object, **kwargs: object) -> torch.Tensor:
+    """The native kernel's result on ``threads`` of torch's threads (the count restored after)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        return paged_decode_attention(*args, **kwargs, backend="native")  # type: ignore[arg-type]
+    finally:
+        torch.set_num_threads(before)
+
+
 def lens_for(block_size: int) -> list[int]:
     return [1, block_size, block_size + 1, 3 * block_size, 7 * block_size - 3, 0, 2]
 
@@ -95,12 +105,7 @@ def test_few_sequences_split_their_contexts_over_threads(
     kv = make_paged_kv(lens, 16, 3, 64, dtype, "cpu")
     q = torch.randn(len(lens), 9, 64).to(dtype)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 64**-0.5)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        got = paged_decode_attention(*args, window=window, backend="native")
-    finally:
-        torch.set_num_threads(before)
+    got = native_with_threads(threads, *args, window=window)
     torch.testing.assert_close(got, paged_decode_attention(*args, window=window, backend="reference"), **TOL[dtype])
 
 
@@ -184,20 +189,11 @@ def test_verify_rows_of_one_context_match_the_reference(dtype: torch.dtype, wind
     q = torch.randn(len(lens), 9, 64).to(dtype)
     args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
     expected = paged_decode_attention(*args, window=window, backend="reference")
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            got = paged_decode_attention(*args, window=window, backend="native")
-            torch.testing.assert_close(got, expected, **TOL[dtype])
-        torch.set_num_threads(1)
-        alone = torch.cat([paged_decode_attention(q[b : b + 1], kv.k_cache, kv.v_cache, tables[b : b + 1],
-                                                  lens[b : b + 1], 64**-0.5, window=window, backend="native")
-                           for b in range(len(lens))])
-        got = paged_decode_attention(*args, window=window, backend="native")
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(got, alone)  # a row computes the same sums in a bundle as alone
+    for threads in (1, 2, 3):
+        torch.testing.assert_close(native_with_threads(threads, *args, window=window), expected, **TOL[dtype])
+    alone = torch.cat([native_with_threads(1, q[b : b + 1], kv.k_cache, kv.v_cache, tables[b : b + 1],
+                                           lens[b : b + 1], 64**-0.5, window=window) for b in range(len(lens))])
+    assert torch.equal(native_with_threads(1, *args, window=window), alone)  # the same sums in a bundle as alone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -212,12 +208,7 @@ def test_one_verifying_sequence_splits_its_context_over_threads(
     tables, lens = verify_layout(kv, [(0, rows)])
     q = torch.randn(rows, 9, 64).to(dtype)
     args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        got = paged_decode_attention(*args, window=window, backend="native")
-    finally:
-        torch.set_num_threads(before)
+    got = native_with_threads(threads, *args, window=window)
     torch.testing.assert_close(got, paged_decode_attention(*args, window=window, backend="reference"), **TOL[dtype])
 
 
@@ -229,12 +220,7 @@ def test_pieces_of_a_bundle_split_their_contexts_where_threads_are_left(dtype: t
     tables, lens = verify_layout(kv, [(0, 9), (1, 1), (2, 1)])
     q = torch.randn(len(lens), 9, 64).to(dtype)
     args = (q, kv.k_cache, kv.v_cache, tables, lens, 64**-0.5)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(8)
-        got = paged_decode_attention(*args, backend="native")
-    finally:
-        torch.set_num_threads(before)
+    got = native_with_threads(8, *args)
     torch.testing.assert_close(got, paged_decode_attention(*args, backend="reference"), **TOL[dtype])
 
 

@@ -173,7 +173,7 @@ class Speculator:
         the costs of such steps are not known yet (so that they get known)."""
         if lengths is None:
             lengths = [self.k] * num_decodes
-        positions = [p for p in range(max(lengths, default=0)) for n in lengths if n > p]  # `share`'s order
+        positions = [p for _, p in rows_in_turn(lengths)]
         most = len(positions)
         base = self.costs.cost(num_decodes) if num_decodes else None
         if base is None or not most:
@@ -271,15 +271,18 @@ class Speculator:
         self.proposer.forget(seq)
 
 
+def rows_in_turn(lengths: list[int]) -> list[tuple[int, int]]:
+    """Each proposal row of sequences proposing ``lengths`` tokens, as (sequence index, position), in the order
+    a step's budget takes them: a position at a time (every sequence's first proposal, kept most often, then
+    the second ones, ...)."""
+    return [(i, p) for p in range(max(lengths, default=0)) for i, n in enumerate(lengths) if n > p]
+
+
 def share(lengths: list[int], budget: int) -> list[int]:
-    """How many of each of ``lengths`` proposals a step verifies, ``budget`` in all: the budget goes round a
-    position at a time (every sequence's first proposal, kept most often, then the second ones, ...)."""
+    """How many of each of ``lengths`` proposals a step verifies: the first ``budget`` rows in turn."""
     ks = [0] * len(lengths)
-    for position in range(max(lengths, default=0)):
-        for i, n in enumerate(lengths):
-            if budget > 0 and n > position:
-                ks[i] += 1
-                budget -= 1
+    for i, _ in rows_in_turn(lengths)[: max(budget, 0)]:
+        ks[i] += 1
     return ks
 
 

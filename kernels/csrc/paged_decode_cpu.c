@@ -490,8 +490,9 @@ static int run_bundles(const Problem *p, int64_t bundles, int64_t batch, int thr
 static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     for (int64_t b = 0; b < batch; ++b) /* a longer context would read past its block table */
         if (p->context_lens[b] < 0 || p->context_lens[b] > capacity) return FAIL_LENGTH;
-    int64_t *starts = malloc(sizeof(int64_t) * (size_t)(batch + 1));
-    if (!starts) return FAIL_MEMORY;
+    int64_t *const first = malloc(sizeof(int64_t) * (size_t)(2 * batch + 2)); /* bundles, then their pieces */
+    if (!first) return FAIL_MEMORY;
+    int64_t *starts = first;
     int bundled = 0; /* only the vector path reads a bundle's pages once; the portable one goes row by row */
 #ifdef HAVE_VECTOR_PATH
     bundled = pick_vector(p) != NULL;
@@ -505,18 +506,13 @@ static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     if (count > 0 && 2 * count <= threads && count < batch) {
         /* fewer bundles than threads (one client speculating): each bundle's rows in as many pieces, a thread
          * each, every piece reading the context once (a split context would merge each row's parts after) */
-        int64_t *cut = malloc(sizeof(int64_t) * (size_t)(batch + 1)), pieces = 0;
-        if (!cut) {
-            free(starts);
-            return FAIL_MEMORY;
-        }
+        int64_t *cut = first + batch + 1, pieces = 0;
         const int64_t share = threads / count;
         for (int64_t g = 0; g < count; ++g) {
             const int64_t rows = starts[g + 1] - starts[g], n = rows < share ? rows : share;
             for (int64_t i = 0; i < n; ++i) cut[pieces++] = starts[g] + rows * i / n;
         }
         cut[pieces] = batch;
-        free(starts);
         starts = cut, count = pieces;
     }
     for (int64_t g = 0; g < count; ++g) {
@@ -525,7 +521,7 @@ static int run(const Problem *p, int64_t batch, int threads, int64_t capacity) {
     }
     bundles.bundle_start = starts;
     const int rc = run_bundles(&bundles, count, batch, threads);
-    free(starts);
+    free(first);
     return rc;
 }
 
